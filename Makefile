@@ -1,0 +1,51 @@
+# Two entry points for a fresh machine (both idempotent):
+#   make serve   - set up, then serve model_repository/ with a real tritonserver
+#   make test    - set up, then run the whole test suite
+SHELL := /bin/bash
+PYTHON ?= $(shell test -x /usr/bin/python3.11 && echo /usr/bin/python3.11 || echo python3)
+VENV := .venv
+BIN := $(VENV)/bin
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+MODEL_DIR := build/models/tiny-llama
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps venv native model serve test clean
+
+setup: venv native model
+
+# Debian packages the Triton Python stub and the virtualenv need (no-op when present).
+system-deps:
+	@missing=""; for p in python3.11-venv libpython3.11; do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $$( [ $$(id -u) -eq 0 ] || echo sudo ) apt-get update -q && \
+	  $$( [ $$(id -u) -eq 0 ] || echo sudo ) apt-get install -y -q $$missing; fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml | system-deps
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+# Native plugins (paged-attention kernels) are built by CMake into build/.
+native: venv
+	cmake -S . -B build/cmake -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build build/cmake -j
+
+model: venv
+	$(BIN)/inflight make-model $(MODEL_DIR) --if-missing
+
+serve: setup
+	$(BIN)/inflight serve --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf build

@@ -1,0 +1,1 @@
+"""inflight: an in-flight batching LLM backend for NVIDIA Triton Inference Server."""

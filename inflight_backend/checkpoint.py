@@ -1,0 +1,62 @@
+"""Loads a Hugging Face Llama checkpoint directory: config.json, *.safetensors (sharded too), tokenizer.json."""
+from __future__ import annotations
+
+import json
+import os
+from glob import glob
+
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+
+from .attention import AttentionBackend
+from .models.llama import LlamaConfig, LlamaForCausalLM
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def load_config(path: str) -> LlamaConfig:
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise CheckpointError(f"no config.json in checkpoint directory {path!r}")
+    with open(config_file) as f:
+        raw = json.load(f)
+    model_type = raw.get("model_type", "llama")
+    if model_type not in ("llama", "mistral", "qwen2"):
+        raise CheckpointError(f"{path}: model_type {model_type!r} is not a Llama-family decoder")
+    if model_type == "qwen2":
+        raw.setdefault("attention_bias", True)
+    return LlamaConfig.from_hf(raw)
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    tokenizer_file = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(tokenizer_file):
+        raise CheckpointError(f"no tokenizer.json in checkpoint directory {path!r}")
+    return Tokenizer.from_file(tokenizer_file)
+
+
+def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype, device: str) -> LlamaForCausalLM:
+    """Build the model and load every safetensors shard in `path` into it (strictly: no missing/extra weights)."""
+    config = load_config(path)
+    shards = sorted(glob(os.path.join(path, "*.safetensors")))
+    if not shards:
+        raise CheckpointError(f"no *.safetensors weights in checkpoint directory {path!r}")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, backend)
+    state = {}
+    for shard in shards:
+        state.update(load_file(shard))
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    state = {name: tensor.to(dtype) for name, tensor in state.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: missing weights {missing[:5]}, unexpected weights {unexpected[:5]}")
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary = type(model.model.rotary)(config)  # rebuild the non-persistent buffer off meta
+    return model.to(device).eval()

@@ -1,0 +1,140 @@
+"""The `inflight` command: serve, generate, make-model."""
+from __future__ import annotations
+
+import argparse
+import queue
+import signal
+import sys
+from pathlib import Path
+
+from .server import BUILD_DIR, PROJECT_ROOT, ServerError, TritonServer
+
+DEFAULT_MODEL_DIR = BUILD_DIR / "models" / "tiny-llama"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="inflight", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_serve(commands.add_parser("serve", help="start tritonserver with the inflight backend"))
+    _add_generate(commands.add_parser("generate", help="stream a completion over gRPC"))
+    _add_make_model(commands.add_parser("make-model", help="write a tiny random Llama checkpoint"))
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except ServerError as exc:
+        print(f"inflight: {exc}", file=sys.stderr)
+        return 1
+
+
+def _add_serve(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-repository", default=str(PROJECT_ROOT / "model_repository"))
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.set_defaults(run=_serve)
+
+
+def _serve(args) -> int:
+    server = TritonServer(args.model_repository, args.http_port, args.grpc_port, args.metrics_port,
+                          verbose=args.log_verbose)
+    print(f"inflight: starting tritonserver with {server.model_repository}", flush=True)
+    server.start()
+    print(f"inflight: ready. HTTP 127.0.0.1:{args.http_port}, gRPC 127.0.0.1:{args.grpc_port}, "
+          f"metrics 127.0.0.1:{args.metrics_port}\n"
+          f"  try: inflight generate \"Hello\" --url localhost:{args.grpc_port}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: server.process.terminate())  # main thread's wait() returns
+    try:
+        return server.process.wait()
+    except KeyboardInterrupt:
+        server.stop()
+        return 0
+
+
+def _add_generate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--url", default="localhost:8001", help="gRPC address of the server")
+    p.add_argument("--model", default="llm")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(run=_generate)
+
+
+def _generate(args) -> int:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    def tensor(name, value, dtype, triton_type):
+        t = grpcclient.InferInput(name, [1], triton_type)
+        t.set_data_from_numpy(np.array([value], dtype=dtype))
+        return t
+
+    inputs = [tensor("text_input", args.prompt.encode(), np.object_, "BYTES"),
+              tensor("max_tokens", args.max_tokens, np.int32, "INT32"),
+              tensor("stream", True, bool, "BOOL"),
+              tensor("temperature", args.temperature, np.float32, "FP32")]
+    if args.seed is not None:
+        inputs.append(tensor("seed", args.seed, np.uint64, "UINT64"))
+    results: queue.SimpleQueue = queue.SimpleQueue()
+    client = grpcclient.InferenceServerClient(args.url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    client.async_stream_infer(args.model, inputs, enable_empty_final_response=True)
+    try:
+        return _print_stream(results)
+    finally:
+        client.stop_stream()
+
+
+def _print_stream(results: queue.SimpleQueue) -> int:
+    while True:
+        result, error = results.get()
+        if error is not None:
+            print(f"\ninflight: {error}", file=sys.stderr)
+            return 1
+        text = result.as_numpy("text_output")
+        if text is not None and text.size:
+            sys.stdout.write(text[0].decode("utf-8", errors="replace"))
+            sys.stdout.flush()
+        response = result.get_response()
+        if response.parameters["triton_final_response"].bool_param:
+            reason = result.as_numpy("finish_reason")
+            counts = result.as_numpy("num_input_tokens"), result.as_numpy("num_output_tokens")
+            if reason is not None:
+                print(f"\n[finish_reason={reason[0].decode()} prompt_tokens={int(counts[0][0])} "
+                      f"completion_tokens={int(counts[1][0])}]", file=sys.stderr)
+            return 0
+
+
+def _add_make_model(p: argparse.ArgumentParser) -> None:
+    from .make_model import TinySpec
+
+    defaults = TinySpec()
+    p.add_argument("out_dir", nargs="?", default=str(DEFAULT_MODEL_DIR))
+    p.add_argument("--hidden-size", type=int, default=defaults.hidden_size)
+    p.add_argument("--intermediate-size", type=int, default=defaults.intermediate_size)
+    p.add_argument("--layers", type=int, default=defaults.num_hidden_layers)
+    p.add_argument("--heads", type=int, default=defaults.num_attention_heads)
+    p.add_argument("--kv-heads", type=int, default=defaults.num_key_value_heads)
+    p.add_argument("--max-position-embeddings", type=int, default=defaults.max_position_embeddings)
+    p.add_argument("--rope-theta", type=float, default=defaults.rope_theta)
+    p.add_argument("--tie-word-embeddings", action="store_true")
+    p.add_argument("--shards", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--if-missing", action="store_true", help="do nothing when OUT_DIR/config.json exists")
+    p.set_defaults(run=_make_model)
+
+
+def _make_model(args) -> int:
+    from .make_model import TinySpec, make_model
+
+    if args.if_missing and (Path(args.out_dir) / "config.json").exists():
+        return 0
+    spec = TinySpec(args.hidden_size, args.intermediate_size, args.layers, args.heads, args.kv_heads,
+                    args.max_position_embeddings, args.rope_theta, args.tie_word_embeddings, args.seed, args.shards)
+    print(f"inflight: wrote {make_model(args.out_dir, spec)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

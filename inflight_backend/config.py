@@ -1,0 +1,80 @@
+"""Typed, validated engine configuration, read from a model's config.pbtxt parameters."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+ENGINES = ("pytorch",)
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything the in-flight batch manager and its engine need to start.
+
+    Attributes mirror the `parameters` of `model_repository/llm/config.pbtxt`; README documents each.
+    """
+
+    checkpoint: str
+    engine: str = "pytorch"
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int = 512  # KV pool size in blocks; 0 sizes it to fit every sequence at full context
+    max_batch_size: int = 64  # running sequences per iteration
+    max_num_tokens: int = 1024  # packed tokens per iteration (prefill + decode)
+    enable_chunked_prefill: bool = False
+    default_max_tokens: int = 64  # when a request gives no max_tokens
+    seed: int = 0  # engine-wide seed for sampled requests that give none
+
+    def __post_init__(self) -> None:
+        _check(self.engine in ENGINES, f"engine must be one of {ENGINES}, got {self.engine!r}")
+        _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
+        _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _check(1 <= self.block_size <= 1024, f"block_size must be in [1, 1024], got {self.block_size}")
+        _check(self.num_kv_blocks >= 0, f"num_kv_blocks must be >= 0, got {self.num_kv_blocks}")
+        _check(self.max_batch_size >= 1, f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        _check(self.max_num_tokens >= self.max_batch_size,
+               f"max_num_tokens ({self.max_num_tokens}) must be >= max_batch_size ({self.max_batch_size})")
+        _check(self.default_max_tokens >= 1, "default_max_tokens must be >= 1")
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str], base_dir: str = ".") -> "EngineConfig":
+        """Build from string parameters (config.pbtxt); a relative checkpoint path is taken from `base_dir`."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(params) - set(fields))
+        _check(not unknown, f"unknown parameters: {unknown}; known: {sorted(fields)}")
+        _check("checkpoint" in params, "parameter 'checkpoint' (a Hugging Face model directory) is required")
+        values = {name: _parse(fields[name], raw) for name, raw in params.items()}
+        path = os.path.expandvars(os.path.expanduser(values["checkpoint"]))
+        values["checkpoint"] = os.path.normpath(os.path.join(base_dir, path))
+        return cls(**values)
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _parse(field: dataclasses.Field, raw: str):
+    kind = field.type if isinstance(field.type, str) else field.type.__name__
+    text = str(raw).strip()
+    try:
+        if kind == "bool":
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1", "yes")
+        if kind == "int":
+            return int(text)
+    except ValueError:
+        raise ValueError(f"parameter {field.name!r}: expected {kind}, got {raw!r}") from None
+    return text
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)

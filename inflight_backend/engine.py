@@ -1,0 +1,195 @@
+"""The in-flight batch manager's step: schedule, run the model once on the packed tokens, sample, stream.
+
+`InflightEngine` is single-threaded and knows nothing of Triton: the loop in `batch_loop.py` drives it, and
+tests and benchmarks can drive it in-process.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, replace
+
+from .block_manager import BlockManager, blocks_for
+from .checkpoint import load_config, load_tokenizer
+from .config import EngineConfig
+from .detokenizer import IncrementalDetokenizer
+from .engines.base import ModelRunner
+from .request import Request, RequestStatus, SamplingParams
+from .sampler import Sampler
+from .scheduler import Scheduler, SchedulerConfig
+
+
+class RequestError(ValueError):
+    """A request that can never be served; the message goes back to its client."""
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What one step produced for one request: only what is new since the last output."""
+
+    req_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters since start, plus the last step's shape. Read by metrics and tests."""
+
+    num_steps: int = 0
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_finished: int = 0
+    last_step_prefill_tokens: int = 0
+    last_step_decode_tokens: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    step_seconds: float = 0.0
+    last_step_num_seqs: int = 0
+
+
+class InflightEngine:
+    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None) -> None:
+        self.config = config
+        self.model_config = load_config(config.checkpoint)
+        self.tokenizer = load_tokenizer(config.checkpoint)
+        self.max_model_len = self.model_config.max_position_embeddings
+        num_blocks = config.num_kv_blocks or config.max_batch_size * blocks_for(self.max_model_len,
+                                                                                 config.block_size)
+        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_batch_size, config.max_num_tokens,
+                                                   config.enable_chunked_prefill), self.blocks)
+        self.runner = runner or _make_runner(config, num_blocks)
+        self.sampler = Sampler()
+        self.stats = EngineStats(kv_blocks_total=num_blocks)
+        self._requests: dict[str, Request] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._seeds = itertools.count(config.seed * 1_000_003)
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return self.model_config.eos_token_ids
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def open_request_ids(self) -> list[str]:
+        return list(self._requests)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise RequestError if this request can never be served. Pure: safe from any thread."""
+        n = len(prompt_ids)
+        if n == 0:
+            raise RequestError("empty prompt: give a non-empty text_input or input_ids")
+        bad = [t for t in prompt_ids if not 0 <= t < self.runner.vocab_size]
+        if bad:
+            raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.runner.vocab_size})")
+        if params.max_tokens <= 0:
+            raise RequestError(f"max_tokens must be > 0, got {params.max_tokens}")
+        if n + params.max_tokens > self.max_model_len:
+            raise RequestError(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
+                               f"context of {self.max_model_len} tokens")
+        needed = blocks_for(n + params.max_tokens - 1, self.blocks.block_size)
+        if needed > self.blocks.num_blocks:
+            raise RequestError(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) needs {needed} KV blocks; "
+                               f"the pool has {self.blocks.num_blocks}")
+        if n > self.config.max_num_tokens and not self.config.enable_chunked_prefill:
+            raise RequestError(f"prompt ({n} tokens) exceeds max_num_tokens ({self.config.max_num_tokens}) "
+                               "and chunked prefill is off")
+        if params.end_id is not None and not 0 <= params.end_id < self.runner.vocab_size:
+            raise RequestError(f"end_id {params.end_id} is outside the vocabulary")
+
+    def add_request(self, req_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.validate(prompt_ids, params)
+        if req_id in self._requests:
+            raise RequestError(f"request id {req_id!r} is already running")
+        if not params.greedy and params.seed is None:
+            params = replace(params, seed=next(self._seeds))
+        request = Request(req_id, list(prompt_ids), params)
+        self._requests[req_id] = request
+        self._detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer)
+        self.scheduler.add(request)
+
+    def abort(self, req_id: str, status: RequestStatus = RequestStatus.FINISHED_CANCELLED) -> RequestOutput | None:
+        """End a request between steps and free its blocks; returns its final output, or None if unknown."""
+        request = self._requests.get(req_id)
+        if request is None:
+            return None
+        return self._finish(request, status, [], "")
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule, run once on the packed tokens, sample, update. Returns new outputs."""
+        start = time.perf_counter()
+        sched = self.scheduler.schedule()
+        outputs: list[RequestOutput] = []
+        if not sched.is_empty:
+            logits = self.runner.execute(sched)
+            sampled = [item.request for item in sched.scheduled if item.sample]
+            token_ids = self.sampler.sample(logits, [r.req_id for r in sampled], [r.params for r in sampled])
+            for request in self.scheduler.update(sched, token_ids):
+                outputs.append(self._postprocess(request))
+        self._record(sched, start)
+        return outputs
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """End every unfinished request with an error (used when a step itself raises)."""
+        outputs = [self._finish(r, RequestStatus.FINISHED_ERROR, [], "") for r in list(self._requests.values())]
+        for out in outputs:
+            out.error = message
+        return outputs
+
+    def _postprocess(self, request: Request) -> RequestOutput:
+        token = request.output_ids[-1]
+        detok = self._detokenizers[request.req_id]
+        text = detok.add(token)
+        p = request.params
+        if (token == p.end_id) if p.end_id is not None else (token in self.eos_ids):
+            return self._finish(request, RequestStatus.FINISHED_STOPPED, [token], text)
+        if text and p.stop_words and any(w in detok.text[-(len(w) + len(text)):] for w in p.stop_words):
+            return self._finish(request, RequestStatus.FINISHED_STOPPED, [token], text)
+        if len(request.output_ids) >= p.max_tokens:
+            return self._finish(request, RequestStatus.FINISHED_LENGTH, [token], text)
+        return RequestOutput(request.req_id, [token], text)
+
+    def _finish(self, request: Request, status: RequestStatus, token_ids: list[int], text: str) -> RequestOutput:
+        self.scheduler.finish(request, status)
+        self.sampler.forget(request.req_id)
+        del self._requests[request.req_id]
+        text += self._detokenizers.pop(request.req_id).flush()
+        self.stats.num_finished += 1
+        return RequestOutput(request.req_id, token_ids, text, status.finish_reason, request.num_prompt_tokens,
+                             len(request.output_ids))
+
+    def _record(self, sched, start: float) -> None:
+        s = self.stats
+        s.step_seconds = time.perf_counter() - start
+        s.last_step_prefill_tokens = sched.num_prefill_tokens
+        s.last_step_decode_tokens = sched.num_decode_tokens
+        s.num_running, s.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        s.kv_blocks_used = self.blocks.num_used_blocks
+        if not sched.is_empty:
+            s.num_steps += 1
+            s.num_prompt_tokens += sched.num_prefill_tokens
+            s.num_generated_tokens += sum(item.sample for item in sched.scheduled)
+        s.last_step_num_seqs = len(sched.scheduled)
+
+
+def _make_runner(config: EngineConfig, num_blocks: int) -> ModelRunner:
+    from .engines.torch_runner import TorchRunner
+
+    device = config.resolved_device()
+    dtype = config.dtype if config.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    return TorchRunner(config.checkpoint, num_blocks, config.block_size, device, dtype)

@@ -1,0 +1,17 @@
+"""The model-runner interface shared by the PyTorch and TensorRT engines."""
+from __future__ import annotations
+
+import torch
+
+from ..scheduler import SchedulerOutput
+
+
+class ModelRunner:
+    """Owns the KV pool and the model; the only place that builds tensors from a schedule."""
+
+    vocab_size: int
+
+    def execute(self, output: SchedulerOutput) -> torch.Tensor:
+        """Run one step over the packed tokens of `output`; return (num_sampled, vocab) fp32 logits in the order
+        of the scheduled requests whose `sample` flag is set."""
+        raise NotImplementedError

@@ -1,0 +1,154 @@
+"""Triton entry point: the `inflight` Python-based backend (decoupled).
+
+Thin by design: `execute()` parses each request, registers its response sender and hands it to the batch
+loop; the loop's responder thread turns engine outputs into streamed responses. No scheduling or tensors here.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from inflight_backend import protocol
+from inflight_backend.batch_loop import BatchLoop
+from inflight_backend.config import EngineConfig
+from inflight_backend.engine import EngineStats, InflightEngine, RequestError, RequestOutput
+from inflight_backend.metrics import TritonMetrics
+
+_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_CANCEL_POLL_S = 0.05
+
+
+@dataclass(slots=True)
+class _Stream:
+    """One open request: where its responses go and, when not streaming, what has accumulated."""
+
+    sender: object
+    stream: bool
+    prefix_text: str  # prompt text prepended to a non-streamed output (exclude_input_in_output=false)
+    prefix_ids: list[int]
+    texts: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        """Force decoupled mode and max_batch_size 0; declare every input/output the protocol defines."""
+        declared = config.as_dict()
+        have_inputs = {i["name"] for i in declared.get("input", [])}
+        have_outputs = {o["name"] for o in declared.get("output", [])}
+        for name, (dtype, dims) in protocol.all_inputs().items():
+            if name not in have_inputs:
+                config.add_input({"name": name, "data_type": dtype, "dims": dims, "optional": True})
+        for name, (dtype, dims) in protocol.OUTPUTS.items():
+            if name not in have_outputs:
+                config.add_output({"name": name, "data_type": dtype, "dims": dims})
+        config.set_max_batch_size(0)
+        config.set_model_transaction_policy({"decoupled": True})
+        return config
+
+    def initialize(self, args):
+        model_config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+        self.config = EngineConfig.from_parameters(params, base_dir=args["model_repository"])
+        self.engine = InflightEngine(self.config)
+        self.metrics = TritonMetrics(pb_utils, args["model_name"])
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._last_poll = 0.0
+        self.loop = BatchLoop(self.engine, self._emit, on_idle=self._poll_cancelled)
+        pb_utils.Logger.log_info(
+            f"inflight: model {args['model_name']} ready: {self.config} on {self.config.resolved_device()}, "
+            f"{self.engine.blocks.num_blocks} KV blocks of {self.config.block_size} tokens")
+
+    def execute(self, requests):
+        for request in requests:
+            self._enqueue(request)
+        return None
+
+    def finalize(self):
+        self.loop.stop()
+
+    def _enqueue(self, request) -> None:
+        sender = request.get_response_sender()
+        try:
+            parsed = protocol.parse_request(lambda name: _input(request, name), self.engine.encode,
+                                            self.config.default_max_tokens)
+            self.engine.validate(parsed.prompt_ids, parsed.params)
+        except RequestError as exc:
+            _send_error(sender, str(exc))
+            return
+        req_id = str(next(self._ids))
+        keep_input = not parsed.stream and not parsed.exclude_input_in_output
+        prefix_text = (parsed.prompt_text or self.engine.tokenizer.decode(parsed.prompt_ids)) if keep_input else ""
+        with self._lock:
+            self._streams[req_id] = _Stream(sender, parsed.stream, prefix_text,
+                                            parsed.prompt_ids if keep_input else [])
+        self.loop.submit(req_id, parsed.prompt_ids, parsed.params)
+
+    def _emit(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
+        """Responder thread: one response per streamed token; one in all for non-streamed requests."""
+        for out in outputs:
+            stream = self._streams.get(out.req_id)
+            if stream is None:
+                continue
+            if out.finished:
+                with self._lock:
+                    del self._streams[out.req_id]
+            if out.error is not None:
+                _send_error(stream.sender, out.error)
+            elif stream.stream:
+                _send(stream.sender, _response(out.text, out.token_ids, out), _FINAL if out.finished else 0)
+            elif out.finished:
+                text = stream.prefix_text + "".join(stream.texts) + out.text
+                _send(stream.sender, _response(text, stream.prefix_ids + stream.ids + out.token_ids, out), _FINAL)
+            else:
+                stream.texts.append(out.text)
+                stream.ids += out.token_ids
+        self.metrics.update(stats)
+        self._poll_cancelled()
+
+    def _poll_cancelled(self) -> None:
+        now = time.monotonic()
+        if now - self._last_poll < _CANCEL_POLL_S:
+            return
+        self._last_poll = now
+        with self._lock:
+            open_streams = list(self._streams.items())
+        for req_id, stream in open_streams:
+            if stream.sender.is_cancelled():
+                self.loop.cancel(req_id)
+
+
+def _input(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def _response(text: str, token_ids: list[int], out: RequestOutput):
+    tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+               pb_utils.Tensor("output_ids", np.array(token_ids, dtype=np.int32))]
+    if out.finished:
+        tensors += [pb_utils.Tensor("finish_reason", np.array([out.finish_reason.encode()], dtype=np.object_)),
+                    pb_utils.Tensor("num_input_tokens", np.array([out.num_input_tokens], dtype=np.int32)),
+                    pb_utils.Tensor("num_output_tokens", np.array([out.num_output_tokens], dtype=np.int32))]
+    return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _send_error(sender, message: str) -> None:
+    _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), _FINAL)
+
+
+def _send(sender, response, flags: int) -> None:
+    try:
+        sender.send(response, flags=flags)
+    except Exception as exc:
+        if not sender.is_cancelled():  # a cancelled or disconnected client has nothing left to receive
+            pb_utils.Logger.log_error(f"inflight: failed to send a response: {exc}")

@@ -1,0 +1,1 @@
+"""Model definitions over packed (unpadded) tokens with a paged KV cache."""

@@ -1,0 +1,196 @@
+"""A Llama-family decoder over packed tokens (ORCA's selective batching, no padding).
+
+Every token-wise op (embeddings, norms, projections, MLP) runs on all T packed tokens of a step together;
+only attention is per sequence, through the paged KV cache. Module names follow Hugging Face's
+`LlamaForCausalLM` so checkpoints load by name.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import AttentionBackend, AttentionMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "LlamaConfig":
+        """From a Hugging Face config.json dict (rope settings at top level or under `rope_parameters`)."""
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r} (Llama uses silu)")
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=rope if rope_type != "default" else None,
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", False),
+            mlp_bias=cfg.get("mlp_bias", False),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """Rotary position embeddings (rotate-half form), optionally with Llama 3 frequency scaling."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        dim = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        if config.rope_scaling is not None:
+            inv_freq = _scale_inv_freq(inv_freq, config.rope_scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, q, k, positions):
+        freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # (T, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(q.dtype).unsqueeze(1), emb.sin().to(q.dtype).unsqueeze(1)  # (T, 1, D)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _scale_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind != "llama3":
+        raise ValueError(f"unsupported rope scaling {kind!r} (supported: linear, llama3)")
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_size, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.attention_bias)
+        self.backend = backend
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, x, positions, rotary, kv_cache, meta: AttentionMetadata):
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # (T, H, D)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = rotary(q, k, positions)
+        k_cache, v_cache = kv_cache
+        self.backend.write_kv(k_cache, v_cache, k, v, meta)
+        out = self.backend.forward(q, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.reshape(num_tokens, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, positions, rotary, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: LlamaConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, backend) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config)
+
+
+class LlamaForCausalLM(nn.Module):
+    """forward(packed tokens) -> logits of the tokens at `sample_indices` only."""
+
+    def __init__(self, config: LlamaConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, backend)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list,
+                meta: AttentionMetadata, sample_indices: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: (T,); kv_caches: one (k, v) pair per layer -> (num_sampled, vocab) fp32."""
+        x = self.model.embed_tokens(input_ids)  # (T, hidden)
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            x = layer(x, positions, self.model.rotary, kv_cache, meta)
+        x = self.model.norm(x[sample_indices])
+        return self.lm_head(x).float()

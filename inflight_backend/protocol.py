@@ -1,0 +1,138 @@
+"""The Triton-facing protocol: tensor names, types and shapes in and out, and request parsing.
+
+Names follow TensorRT-LLM's ensemble (`text_input`, `max_tokens`, `stream`, ...) so existing clients,
+genai-perf and Triton's OpenAI frontend work; TensorRT-LLM's older names are accepted as aliases.
+Parsing takes a `get(name) -> numpy array | None` so it runs (and is tested) without Triton.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .engine import RequestError
+from .request import SamplingParams
+
+# name: (triton dtype, dims); every input but the prompt is optional.
+INPUTS = {
+    "text_input": ("TYPE_STRING", [-1]),
+    "input_ids": ("TYPE_INT32", [-1]),
+    "max_tokens": ("TYPE_INT32", [1]),
+    "stream": ("TYPE_BOOL", [1]),
+    "temperature": ("TYPE_FP32", [1]),
+    "top_k": ("TYPE_INT32", [1]),
+    "top_p": ("TYPE_FP32", [1]),
+    "seed": ("TYPE_UINT64", [1]),
+    "end_id": ("TYPE_INT32", [1]),
+    "stop_words": ("TYPE_STRING", [-1]),
+    "exclude_input_in_output": ("TYPE_BOOL", [1]),
+}
+ALIASES = {  # TensorRT-LLM's other names -> ours
+    "streaming": ("stream", ("TYPE_BOOL", [1])),
+    "request_output_len": ("max_tokens", ("TYPE_INT32", [1])),
+    "runtime_top_k": ("top_k", ("TYPE_INT32", [1])),
+    "runtime_top_p": ("top_p", ("TYPE_FP32", [1])),
+    "random_seed": ("seed", ("TYPE_UINT64", [1])),
+}
+OUTPUTS = {
+    "text_output": ("TYPE_STRING", [-1]),
+    "output_ids": ("TYPE_INT32", [-1]),
+    "finish_reason": ("TYPE_STRING", [1]),
+    "num_input_tokens": ("TYPE_INT32", [1]),
+    "num_output_tokens": ("TYPE_INT32", [1]),
+}
+
+
+def all_inputs() -> dict[str, tuple[str, list[int]]]:
+    return {**INPUTS, **{alias: spec for alias, (_, spec) in ALIASES.items()}}
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    prompt_ids: list[int]
+    prompt_text: str | None
+    params: SamplingParams
+    stream: bool
+    exclude_input_in_output: bool
+
+
+def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str], list[int]],
+                  default_max_tokens: int) -> ParsedRequest:
+    """Read a request's inputs; raise RequestError with a message for the client on anything invalid."""
+
+    def value(name):
+        array = get(name)
+        if array is None:
+            for alias, (target, _) in ALIASES.items():
+                if target == name and (array := get(alias)) is not None:
+                    name = alias
+                    break
+        if array is None:
+            return None
+        if array.size != 1:
+            raise RequestError(f"input {name!r} must hold exactly one value, got shape {list(array.shape)}")
+        return array.reshape(-1)[0]
+
+    prompt_ids, prompt_text = _prompt(get, encode)
+    temperature = _number(value("temperature"), 0.0, float)
+    top_k = _number(value("top_k"), 0, int)
+    top_p = _number(value("top_p"), 1.0, float)
+    if temperature < 0:
+        raise RequestError(f"temperature must be >= 0, got {temperature}")
+    if top_k < 0:
+        raise RequestError(f"top_k must be >= 0, got {top_k}")
+    if not 0.0 < top_p <= 1.0:
+        raise RequestError(f"top_p must be in (0, 1], got {top_p}")
+    seed = value("seed")
+    end_id = value("end_id")
+    params = SamplingParams(
+        max_tokens=_number(value("max_tokens"), default_max_tokens, int),
+        temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=None if seed is None else int(seed),
+        end_id=None if end_id is None else int(end_id),
+        stop_words=_strings(get("stop_words")),
+    )
+    return ParsedRequest(prompt_ids, prompt_text, params, bool(_number(value("stream"), False, bool)),
+                         bool(_number(value("exclude_input_in_output"), False, bool)))
+
+
+def _prompt(get, encode) -> tuple[list[int], str | None]:
+    text, ids = get("text_input"), get("input_ids")
+    if text is not None and ids is not None:
+        raise RequestError("give either text_input or input_ids, not both")
+    if ids is not None:
+        if ids.dtype.kind not in "iu":
+            raise RequestError(f"input_ids must be integers, got {ids.dtype}")
+        return [int(t) for t in ids.reshape(-1)], None
+    if text is None:
+        raise RequestError("missing prompt: give text_input (STRING) or input_ids (INT32)")
+    if text.size != 1:
+        raise RequestError(f"text_input must hold exactly one string, got shape {list(text.shape)}")
+    prompt = _decode(text.reshape(-1)[0], "text_input")
+    if not prompt:
+        raise RequestError("empty prompt: text_input is an empty string")
+    return encode(prompt), prompt
+
+
+def _number(raw, default, kind):
+    if raw is None:
+        return default
+    if isinstance(raw, (bytes, str)):
+        raise RequestError(f"expected a number, got the string {raw!r}")
+    return kind(raw)
+
+
+def _strings(array) -> tuple[str, ...]:
+    if array is None:
+        return ()
+    return tuple(w for w in (_decode(x, "stop_words") for x in array.reshape(-1)) if w)
+
+
+def _decode(raw, name: str) -> str:
+    if isinstance(raw, bytes):
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestError(f"{name} is not valid UTF-8") from None
+    return str(raw)

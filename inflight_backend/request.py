@@ -1,0 +1,87 @@
+"""A generation request and its sampling parameters, as the scheduler and engine see them."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick the next token and when to stop. temperature == 0 means greedy."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0
+    seed: int | None = None
+    end_id: int | None = None  # None: the tokenizer's EOS
+    stop_words: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered so that `status >= FINISHED_STOPPED` means finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    FINISHED_STOPPED = 2
+    FINISHED_LENGTH = 3
+    FINISHED_CANCELLED = 4
+    FINISHED_ERROR = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_CANCELLED: "cancelled",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One sequence. `num_computed_tokens` counts tokens whose K/V are in the cache; the scheduler hands out
+    the rest (prompt chunks or one decode token) without distinguishing phases."""
+
+    req_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    output_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Tokens this request can ever hold in the KV cache (the last sampled token is never written)."""
+        return self.num_prompt_tokens + self.params.max_tokens - 1
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        n = self.num_prompt_tokens
+        if end <= n:
+            return self.prompt_ids[start:end]
+        return (self.prompt_ids + self.output_ids)[start:end]

@@ -1,0 +1,152 @@
+"""Starting a real tritonserver with the `inflight` backend: find the binary, lay out the backend directory,
+set library and Python paths, start, wait until ready, stop."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+BUILD_DIR = Path(os.environ.get("INFLIGHT_BUILD_DIR", PROJECT_ROOT / "build"))
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the server binary, the Python backend's files and their shared libraries are."""
+
+    binary: Path
+    python_backend: list[Path]  # libtriton_python.so, triton_python_backend_utils.py, the stub
+    library_dirs: list[Path]
+
+
+def find_triton() -> TritonInstall:
+    """A `tritonserver` on PATH (NVIDIA's containers) wins; otherwise the one in nvidia-pytriton."""
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        prefix = Path(on_path).resolve().parent.parent
+        backend = prefix / "backends" / "python"
+        return TritonInstall(Path(on_path), sorted(backend.glob("*")), [])
+    try:
+        import pytriton
+    except ImportError:
+        raise ServerError("no tritonserver on PATH and nvidia-pytriton is not installed: run `make serve` "
+                          "(it installs nvidia-pytriton==0.7.0) or use an NVIDIA Triton container") from None
+    base = Path(pytriton.__file__).parent / "tritonserver"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = base / "python_backend_stubs" / version / "triton_python_backend_stub"
+    backend = base / "backends" / "python"
+    files = [backend / "libtriton_python.so", backend / "triton_python_backend_utils.py", stub]
+    missing = [str(f) for f in [base / "bin" / "tritonserver", *files] if not f.exists()]
+    if missing:
+        raise ServerError(f"nvidia-pytriton is incomplete for Python {version}: missing {missing}")
+    libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
+    return TritonInstall(base / "bin" / "tritonserver", files, [libs])
+
+
+def layout_backends(install: TritonInstall, root: Path = BUILD_DIR / "triton" / "backends") -> Path:
+    """Make `<root>/python/` (Triton's Python backend) and `<root>/inflight/model.py` (ours). Idempotent.
+
+    Files are copied, not linked: Triton refuses a backend library whose real path leaves the directory."""
+    python_dir, inflight_dir = root / "python", root / "inflight"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    inflight_dir.mkdir(parents=True, exist_ok=True)
+    copies = {python_dir / f.name: f for f in install.python_backend}
+    copies[inflight_dir / "model.py"] = PROJECT_ROOT / "inflight_backend" / "model.py"
+    for copy, source in copies.items():
+        _copy_if_changed(source, copy)
+    return root
+
+
+def _copy_if_changed(source: Path, dest: Path) -> None:
+    """Replace atomically (a running stub's binary cannot be overwritten in place)."""
+    if dest.exists() and not dest.is_symlink() and dest.read_bytes() == source.read_bytes():
+        return
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.copy2(source, tmp)
+    os.replace(tmp, dest)
+
+
+def server_env(install: TritonInstall) -> dict[str, str]:
+    """The stub runs `python3` from PATH: put this interpreter's bin first so it brings our site-packages."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    ld = [str(d) for d in install.library_dirs] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(ld)
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(":") if p])
+    return env
+
+
+class TritonServer:
+    """A tritonserver process serving `model_repository` on loopback ports."""
+
+    def __init__(self, model_repository: str | Path, http_port: int = 8000, grpc_port: int = 8001,
+                 metrics_port: int = 8002, log_file: str | Path | None = None, verbose: int = 0) -> None:
+        self.model_repository = Path(model_repository).resolve()
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.log_file = Path(log_file) if log_file else None
+        self.verbose = verbose
+        self.process: subprocess.Popen | None = None
+
+    def command(self, install: TritonInstall) -> list[str]:
+        return [str(install.binary), f"--model-repository={self.model_repository}",
+                f"--backend-directory={layout_backends(install)}",
+                f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
+                f"--metrics-port={self.metrics_port}", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
+                "--allow-metrics=true", f"--log-verbose={self.verbose}", "--exit-on-error=true"]
+
+    def start(self, timeout: float = 180.0) -> "TritonServer":
+        if not self.model_repository.is_dir():
+            raise ServerError(f"model repository {self.model_repository} does not exist")
+        install = find_triton()
+        out = open(self.log_file, "wb") if self.log_file else None
+        self.process = subprocess.Popen(self.command(install), env=server_env(install), stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.http_port}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self.process.returncode}{self._log_hint()}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise ServerError(f"tritonserver not ready after {timeout:.0f}s{self._log_hint()}")
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.terminate()
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def _log_hint(self) -> str:
+        if not self.log_file or not self.log_file.exists():
+            return ""
+        tail = self.log_file.read_text(errors="replace").splitlines()[-25:]
+        return "\n--- server log (last lines) ---\n" + "\n".join(tail)
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,109 @@
+"""Shared fixtures: tiny checkpoints, the Hugging Face oracle, and a real tritonserver on free loopback ports."""
+from __future__ import annotations
+
+import random
+import re
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from inflight_backend.make_model import TinySpec, make_model
+from inflight_backend.server import PROJECT_ROOT, TritonServer
+
+# The second checkpoint differs in every size, uses grouped-query attention and is sharded.
+GQA_SPEC = TinySpec(hidden_size=192, intermediate_size=512, num_hidden_layers=3, num_attention_heads=6,
+                    num_key_value_heads=2, rope_theta=500000.0, seed=7, num_shards=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    return make_model(str(tmp_path_factory.mktemp("tiny-llama")), TinySpec())
+
+
+@pytest.fixture(scope="session")
+def gqa_model(tmp_path_factory) -> str:
+    return make_model(str(tmp_path_factory.mktemp("gqa-llama")), GQA_SPEC)
+
+
+@pytest.fixture(scope="session")
+def tied_model(tmp_path_factory) -> str:
+    return make_model(str(tmp_path_factory.mktemp("tied-llama")), TinySpec(tie_word_embeddings=True, seed=3))
+
+
+class Oracle:
+    """Greedy continuations from transformers' LlamaForCausalLM.generate on the same checkpoint."""
+
+    def __init__(self, path: str) -> None:
+        from transformers import LlamaForCausalLM
+
+        self.model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        ids = torch.tensor([prompt_ids])
+        out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                  do_sample=False, pad_token_id=0)
+        generated = out[0, len(prompt_ids):].tolist()
+        eos = self.model.config.eos_token_id
+        return generated[: generated.index(eos) + 1] if eos in generated else generated
+
+
+@pytest.fixture(scope="session")
+def oracle_cases():
+    """16+ (prompt_ids, max_new_tokens): prompt lengths 1..300 tokens, 1..64 new tokens, multi-byte text."""
+    rng = random.Random(1234)
+    words = ["hello", "wörld", "naïve", "日本語", "καλημέρα", "🙂", "data", "über", "straße", "x"]
+    lengths = [1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 120, 150, 200, 233, 270, 300]
+    new_tokens = [1, 64, 7, 33, 2, 64, 16, 5, 48, 64, 3, 24, 9, 40, 64, 12]
+    cases = []
+    for n, m in zip(lengths, new_tokens):
+        text = " ".join(rng.choice(words) for _ in range(n)).encode()[: max(n - 1, 0)]
+        ids = [256] + list(text)  # BOS + bytes: the byte-level tokenizer's encoding, cut at any byte
+        cases.append((ids, m))
+    return cases
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model_config(checkpoint: str, name: str, **params) -> str:
+    """The shipped model_repository/llm/config.pbtxt with its name, checkpoint and given parameters replaced."""
+    text = (PROJECT_ROOT / "model_repository" / "llm" / "config.pbtxt").read_text()
+    text = text.replace('name: "llm"', f'name: "{name}"')
+    for key, value in {"checkpoint": checkpoint, "dtype": "float32", **params}.items():
+        line = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+        pattern = rf'parameters \{{ key: "{key}" value: \{{ string_value: "[^"]*" \}} \}}'
+        text, count = re.subn(pattern, line.replace("\\", "\\\\"), text)
+        if not count:
+            text += line + "\n"
+    return text
+
+
+def write_repository(root: Path, models: dict[str, str]) -> Path:
+    for name, config in models.items():
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
+        (root / name / "config.pbtxt").write_text(config)
+    return root
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, tiny_model, gqa_model):
+    """One tritonserver for the end-to-end tests, serving:
+    llm (default tiny model), llm_gqa (second checkpoint), llm_small_pool (8 KV blocks of 16 tokens)."""
+    root = tmp_path_factory.mktemp("repo")
+    write_repository(root, {
+        "llm": model_config(tiny_model, "llm"),
+        "llm_gqa": model_config(gqa_model, "llm_gqa", block_size=8, max_num_tokens=512),
+        "llm_small_pool": model_config(tiny_model, "llm_small_pool", num_kv_blocks=8, max_batch_size=4),
+    })
+    log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
+    srv = TritonServer(root, free_port(), free_port(), free_port(), log_file=log)
+    srv.start()
+    yield srv
+    code = srv.stop()
+    assert code == 0, f"tritonserver exited with {code}; log: {log}"

@@ -1,0 +1,22 @@
+import pytest
+
+from inflight_backend.config import EngineConfig
+
+
+def test_parameters_are_typed_and_paths_resolved(tmp_path):
+    cfg = EngineConfig.from_parameters({"checkpoint": "../m", "block_size": "32", "enable_chunked_prefill": "true"},
+                                       base_dir=str(tmp_path / "repo" / "llm"))
+    assert cfg.block_size == 32 and cfg.enable_chunked_prefill is True
+    assert cfg.checkpoint == str(tmp_path / "repo" / "m")
+
+
+@pytest.mark.parametrize("params, message", [
+    ({}, "checkpoint"),
+    ({"checkpoint": "m", "blok_size": "4"}, "unknown parameters"),
+    ({"checkpoint": "m", "block_size": "x"}, "expected int"),
+    ({"checkpoint": "m", "device": "tpu"}, "device"),
+    ({"checkpoint": "m", "max_batch_size": "8", "max_num_tokens": "4"}, "max_num_tokens"),
+])
+def test_invalid_parameters_are_rejected_with_the_reason(params, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.from_parameters(params)

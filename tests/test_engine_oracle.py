@@ -1,0 +1,64 @@
+"""In-process engine vs transformers, token for token, alone and with staggered arrivals sharing steps."""
+import pytest
+
+from inflight_backend.config import EngineConfig
+from inflight_backend.engine import InflightEngine, RequestError
+from inflight_backend.request import SamplingParams
+from tests.conftest import Oracle
+
+
+@pytest.fixture(scope="module", params=["tiny_model", "gqa_model"])
+def setup(request, oracle_cases):
+    path = request.getfixturevalue(request.param)
+    oracle = Oracle(path)
+    expected = [oracle.generate(ids, n) for ids, n in oracle_cases]
+    return path, expected
+
+
+def run(engine, cases, arrive_at_step):
+    results = {str(i): [] for i in range(len(cases))}
+    order = sorted(range(len(cases)), key=lambda i: arrive_at_step[i])
+    step = 0
+    while order or engine.has_unfinished():
+        while order and arrive_at_step[order[0]] <= step:
+            i = order.pop(0)
+            engine.add_request(str(i), cases[i][0], SamplingParams(max_tokens=cases[i][1]))
+        for out in engine.step():
+            results[out.req_id] += out.token_ids
+        engine.blocks.check_integrity()
+        step += 1
+    return [results[str(i)] for i in range(len(cases))], step
+
+
+@pytest.mark.parametrize("block_size", [16, 3])
+def test_greedy_tokens_match_transformers_with_staggered_arrivals(setup, oracle_cases, block_size):
+    path, expected = setup
+    engine = InflightEngine(EngineConfig(checkpoint=path, block_size=block_size, num_kv_blocks=2048 // block_size * 8,
+                                         max_batch_size=8, max_num_tokens=512))
+    got, steps = run(engine, oracle_cases, arrive_at_step=[3 * i for i in range(len(oracle_cases))])
+    assert got == expected
+    assert steps < sum(len(e) for e in expected)  # steps were shared
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_one_at_a_time_matches_transformers(setup, oracle_cases):
+    path, expected = setup
+    engine = InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=64))
+    for i, case in enumerate(oracle_cases):
+        got, _ = run(engine, [case], arrive_at_step=[0])
+        assert got[0] == expected[i], f"case {i}"
+
+
+def test_requests_that_can_never_fit_are_rejected(tiny_model):
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=4, block_size=4, max_batch_size=2,
+                                         max_num_tokens=8))
+    with pytest.raises(RequestError, match="KV blocks"):
+        engine.add_request("a", [1] * 8, SamplingParams(max_tokens=10))
+    with pytest.raises(RequestError, match="max_num_tokens"):
+        engine.validate([1] * 9, SamplingParams(max_tokens=1))
+    with pytest.raises(RequestError, match="context"):
+        engine.validate([1] * 2000, SamplingParams(max_tokens=100))
+    with pytest.raises(RequestError, match="vocabulary"):
+        engine.validate([1, 258], SamplingParams(max_tokens=1))
+    with pytest.raises(RequestError, match="max_tokens"):
+        engine.validate([1], SamplingParams(max_tokens=0))

@@ -1,0 +1,98 @@
+"""Scheduler behaviour with a fake runner (no model): admission, budgets, sharing of steps, block accounting."""
+import random
+
+from inflight_backend.block_manager import BlockManager
+from inflight_backend.request import Request, RequestStatus, SamplingParams
+from inflight_backend.scheduler import Scheduler, SchedulerConfig
+
+
+def make(max_batch_size=4, max_num_tokens=64, num_blocks=64, block_size=4, chunked=False):
+    bm = BlockManager(num_blocks, block_size)
+    return Scheduler(SchedulerConfig(max_batch_size, max_num_tokens, chunked), bm), bm
+
+
+def request(i, prompt_len, max_tokens):
+    return Request(str(i), list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens))
+
+
+def run_step(sched, rng=None):
+    """Schedule, fake-sample token 7 for every sampling request, finish those at max_tokens."""
+    out = sched.schedule()
+    sampled = [7] * sum(item.sample for item in out.scheduled)
+    for req in sched.update(out, sampled):
+        if len(req.output_ids) >= req.params.max_tokens:
+            sched.finish(req, RequestStatus.FINISHED_LENGTH)
+    return out
+
+
+def test_decode_and_prefill_share_a_step():
+    sched, _ = make()
+    sched.add(request(0, 5, 10))
+    first = run_step(sched)
+    assert first.num_prefill_tokens == 5 and first.num_decode_tokens == 0
+    sched.add(request(1, 3, 10))
+    second = run_step(sched)
+    assert second.num_decode_tokens == 1 and second.num_prefill_tokens == 3
+    assert all(item.sample for item in second.scheduled)
+
+
+def test_admission_respects_sequence_limit_and_token_budget():
+    sched, _ = make(max_batch_size=2, max_num_tokens=8)
+    for i in range(4):
+        sched.add(request(i, 5, 3))
+    out = run_step(sched)
+    assert [item.request.req_id for item in out.scheduled] == ["0"]  # "1" would overflow the budget
+    out = run_step(sched)
+    assert [item.request.req_id for item in out.scheduled] == ["0", "1"]
+    assert len(sched.running) == 2 and len(sched.waiting) == 2
+
+
+def test_admission_reserves_blocks_for_the_whole_request():
+    sched, bm = make(num_blocks=4, block_size=4)
+    sched.add(request(0, 4, 9))  # 12 tokens -> 3 blocks reserved, 1 taken now
+    sched.add(request(1, 4, 5))  # 8 tokens -> 2 blocks: must wait
+    out = run_step(sched)
+    assert [item.request.req_id for item in out.scheduled] == ["0"]
+    assert bm.num_used_blocks == 1
+    while sched.running:
+        run_step(sched)
+        bm.check_integrity()
+    run_step(sched)
+    assert sched.running[0].req_id == "1"
+
+
+def test_chunked_prefill_splits_a_long_prompt_and_samples_on_the_last_chunk():
+    sched, _ = make(max_num_tokens=8, chunked=True)
+    sched.add(request(0, 20, 2))
+    chunks = []
+    while not sched.running or sched.running[0].num_computed_tokens < 20:
+        out = run_step(sched)
+        chunks.append((out.scheduled[0].num_tokens, out.scheduled[0].sample))
+    assert chunks == [(8, False), (8, False), (4, True)]
+
+
+def test_random_workloads_never_leak_or_overrun():
+    rng = random.Random(0)
+    for trial in range(30):
+        chunked = trial % 2 == 0
+        sched, bm = make(max_batch_size=rng.randint(1, 6), max_num_tokens=rng.randint(8, 40),
+                         num_blocks=rng.randint(10, 40), block_size=rng.choice([1, 2, 4, 8]), chunked=chunked)
+        budget = sched.config.max_num_tokens
+        pending = []
+        for i in range(rng.randint(1, 15)):
+            prompt = rng.randint(1, budget if not chunked else 3 * budget)
+            max_tokens = rng.randint(1, 12)
+            if -(-(prompt + max_tokens - 1) // bm.block_size) <= bm.num_blocks:
+                pending.append(request(i, prompt, max_tokens))
+        steps = 0
+        while pending or sched.num_unfinished:
+            if pending and rng.random() < 0.5:
+                sched.add(pending.pop(0))
+            if sched.running and rng.random() < 0.05:  # a cancellation
+                sched.finish(rng.choice(sched.running), RequestStatus.FINISHED_CANCELLED)
+            out = run_step(sched)
+            assert out.num_tokens <= budget and len(out.scheduled) <= sched.config.max_batch_size
+            bm.check_integrity()
+            steps += 1
+            assert steps < 2000, "a request never finished"
+        assert bm.num_free_blocks == bm.num_blocks

@@ -1,0 +1,123 @@
+"""End to end through a real tritonserver: oracle outputs, streaming, sharing of steps."""
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from inflight_backend.make_model import byte_level_tokenizer
+from tests.conftest import Oracle
+from tests.triton_helpers import grpc_generate, http_post, metric, sse_events
+
+pytestmark = pytest.mark.server
+TOKENIZER = byte_level_tokenizer()
+
+
+def url(server):
+    return f"127.0.0.1:{server.grpc_port}"
+
+
+@pytest.fixture(scope="module", params=[("llm", "tiny_model"), ("llm_gqa", "gqa_model")], ids=["default", "gqa"])
+def served(request, oracle_cases):
+    model, checkpoint = request.param
+    oracle = Oracle(request.getfixturevalue(checkpoint))
+    return model, [oracle.generate(ids, n) for ids, n in oracle_cases]
+
+
+def test_oracle_one_request_at_a_time(server, served, oracle_cases):
+    model, expected = served
+    for (ids, n), want in zip(oracle_cases, expected):
+        out = grpc_generate(url(server), model, {"input_ids": ids, "max_tokens": n, "stream": True})
+        assert out.error is None and out.ids == want
+        assert out.num_output_tokens == len(want) and out.num_input_tokens == len(ids)
+        assert out.finish_reason == ("stop" if want[-1] == 257 else "length")
+
+
+def test_oracle_concurrent_staggered_arrivals(server, served, oracle_cases):
+    model, expected = served
+    results = [None] * len(oracle_cases)
+
+    def send(i):
+        ids, n = oracle_cases[i]
+        results[i] = grpc_generate(url(server), model, {"input_ids": ids, "max_tokens": n, "stream": True})
+
+    steps_before = metric(server.metrics_port, "inflight_steps_total", model)
+    threads = []
+    for i in range(len(oracle_cases)):
+        threads.append(threading.Thread(target=send, args=(i,)))
+        threads[-1].start()
+        time.sleep(0.02)  # staggered: later prompts join while earlier ones decode
+    for t in threads:
+        t.join()
+    assert [r.ids for r in results] == expected
+    steps = metric(server.metrics_port, "inflight_steps_total", model) - steps_before
+    assert steps < sum(len(e) for e in expected)
+
+
+def test_grpc_stream_deltas_concatenate_to_the_full_decode(server):
+    prompt = "naïve café — 日本語 🙂"
+    out = grpc_generate(url(server), "llm", {"text_input": prompt, "max_tokens": 40, "stream": True})
+    assert out.error is None and out.finish_reason in ("stop", "length")
+    assert out.text == TOKENIZER.decode(out.ids)
+    assert out.num_input_tokens == len(prompt.encode()) + 1 and out.num_output_tokens == len(out.ids)
+    assert out.num_responses == len(out.ids)  # one response per token, the last one FINAL
+    assert not any(t.endswith("\ufffd") for t in out.texts[:-1])  # an incomplete character is held back
+
+
+def test_http_generate_stream_and_generate(server):
+    prompt = "Grüße aus München ✓"
+    status, body = http_post(server.http_port, "/v2/models/llm/generate_stream",
+                             {"text_input": prompt, "max_tokens": 24, "stream": True})
+    assert status == 200
+    events = sse_events(body)
+    ids = [i for e in events for i in (e["output_ids"] if isinstance(e["output_ids"], list) else [e["output_ids"]])]
+    assert "".join(e["text_output"] for e in events) == TOKENIZER.decode(ids)
+    assert events[-1]["num_output_tokens"] == len(ids) == len(events)
+    assert events[-1]["finish_reason"] in ("stop", "length")
+
+    status, body = http_post(server.http_port, "/v2/models/llm/generate", {"text_input": prompt, "max_tokens": 24})
+    assert status == 200
+    import json
+    whole = json.loads(body)
+    assert whole["text_output"] == prompt + TOKENIZER.decode(ids)  # input included unless excluded
+    status, body = http_post(server.http_port, "/v2/models/llm/generate",
+                             {"text_input": prompt, "max_tokens": 24, "exclude_input_in_output": True})
+    assert json.loads(body)["text_output"] == TOKENIZER.decode(ids)
+
+
+def test_steps_are_shared_and_a_late_request_is_served_at_once(server):
+    model, port = "llm", server.metrics_port
+    steps_before = metric(port, "inflight_steps_total", model)
+    started = threading.Barrier(8)
+    results = [None] * 8
+
+    def early(i):
+        def on_token(out):
+            if len(out.ids) == 5:
+                started.wait()
+        results[i] = grpc_generate(url(server), model, {"text_input": f"request {i}", "max_tokens": 300,
+                                                        "stream": True, "end_id": 0}, on_token=on_token)
+
+    threads = [threading.Thread(target=early, args=(i,)) for i in range(7)]
+    for t in threads:
+        t.start()
+    started.wait()  # every early request is mid-generation
+    results[7] = grpc_generate(url(server), model, {"text_input": "late", "max_tokens": 5, "stream": True})
+    for t in threads:
+        t.join()
+    total_tokens = sum(len(r.ids) for r in results)
+    steps = metric(port, "inflight_steps_total", model) - steps_before
+    assert steps < total_tokens
+    late_first = results[7].token_times[0]
+    assert all(late_first < r.token_times[-1] for r in results[:7])
+    assert results[7].finish_reason in ("length", "stop")
+
+
+def test_cli_generate_streams_the_completion(server):
+    cli = [sys.executable, "-m", "inflight_backend.cli", "generate", "Hello", "--max-tokens", "12", "--url", url(server)]
+    done = subprocess.run(cli, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    expected = grpc_generate(url(server), "llm", {"text_input": "Hello", "max_tokens": 12, "stream": True})
+    assert done.stdout.decode() == expected.text
+    assert b"finish_reason=" in done.stderr
