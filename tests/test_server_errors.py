@@ -1,0 +1,75 @@
+"""Bad input gets a clear error for that request alone; cancellation frees everything; the server keeps going."""
+import threading
+
+import pytest
+
+from tests.triton_helpers import grpc_generate, metric, wait_for_metric
+
+pytestmark = pytest.mark.server
+
+OK = {"text_input": "ok", "max_tokens": 3, "stream": True}
+
+
+def url(server):
+    return f"127.0.0.1:{server.grpc_port}"
+
+
+@pytest.mark.parametrize("model, values, types, message", [
+    ("llm", {"max_tokens": 3}, None, "missing prompt"),
+    ("llm", {"text_input": ""}, None, "empty prompt"),
+    ("llm", {"input_ids": [1] * 2040, "max_tokens": 20}, None, "context of 2048"),
+    ("llm_small_pool", {"input_ids": [1] * 100, "max_tokens": 64}, None, "needs 11 KV blocks; the pool has 8"),
+    ("llm", {"text_input": "a", "max_tokens": 0}, None, "max_tokens must be > 0"),
+    ("llm", {"text_input": "a", "max_tokens": -5}, None, "max_tokens must be > 0"),
+    ("llm", {"text_input": "a", "max_tokens": 2.5}, {"max_tokens": "TYPE_FP32"}, "max_tokens"),
+    ("llm", {"text_input": "a", "max_tokens": [1, 2]}, None, "max_tokens"),
+    ("llm", {"input_ids": [1, 2], "max_tokens": 1}, {"input_ids": "TYPE_INT64"}, "input_ids"),
+    ("llm", {"text_input": "a", "temperature": -0.5}, None, "temperature must be >= 0"),
+    ("llm", {"text_input": "a", "top_p": 0.0}, None, "top_p must be in (0, 1]"),
+    ("llm", {"text_input": "a", "top_p": 1.5}, None, "top_p must be in (0, 1]"),
+    ("llm", {"text_input": "a", "top_k": -1}, None, "top_k must be >= 0"),
+    ("llm", {"input_ids": [5, 258]}, None, "outside the vocabulary"),
+    ("llm", {"input_ids": [5, -1]}, None, "outside the vocabulary"),
+], ids=["no-prompt", "empty", "too-long-context", "too-big-for-pool", "max-tokens-0", "max-tokens-negative",
+        "wrong-dtype", "wrong-shape", "wrong-ids-dtype", "temperature", "top-p-0", "top-p-big", "top-k",
+        "id-too-big", "id-negative"])
+def test_bad_input_gets_an_error_and_the_next_request_succeeds(server, model, values, types, message):
+    bad = grpc_generate(url(server), model, values, types)
+    assert bad.error is not None and message in bad.error, bad.error
+    good = grpc_generate(url(server), model, OK)
+    assert good.error is None and good.finish_reason == "length" and len(good.ids) == 3
+
+
+def test_cancelled_streams_stop_early_and_all_blocks_come_back(server):
+    model, port = "llm", server.metrics_port
+    generated_before = metric(port, "inflight_generated_tokens_total", model)
+    finished_before = metric(port, "inflight_requests_finished_total", model)
+    results = [None] * 6
+
+    def send(i):
+        cancel_after = 3 if i % 2 == 0 else None
+        results[i] = grpc_generate(url(server), model, {"text_input": f"long {i}", "max_tokens": 1500 if
+                                   cancel_after else 40, "stream": True, "end_id": 0}, cancel_after=cancel_after)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, r in enumerate(results):
+        if i % 2:
+            assert r.error is None and r.finish_reason == "length" and len(r.ids) == 40
+        else:
+            assert len(r.ids) >= 3 and not r.final
+    assert wait_for_metric(port, "inflight_requests_finished_total", model, finished_before + 6) == finished_before + 6
+    assert wait_for_metric(port, "inflight_kv_blocks_used", model, 0) == 0
+    assert metric(port, "inflight_requests_running", model) == 0
+    generated = metric(port, "inflight_generated_tokens_total", model) - generated_before
+    assert generated < 3 * 40 + 3 * 100, "cancelled requests kept generating"  # each would run to 1500
+    assert grpc_generate(url(server), model, OK).error is None
+
+
+def test_all_blocks_free_after_errors_and_finishes(server):
+    for model in ("llm", "llm_gqa", "llm_small_pool"):
+        grpc_generate(url(server), model, OK)
+        assert wait_for_metric(server.metrics_port, "inflight_kv_blocks_used", model, 0) == 0
