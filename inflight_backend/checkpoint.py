@@ -24,10 +24,11 @@ def load_config(path: str) -> LlamaConfig:
     with open(config_file) as f:
         raw = json.load(f)
     model_type = raw.get("model_type", "llama")
-    if model_type not in ("llama", "mistral", "qwen2"):
-        raise CheckpointError(f"{path}: model_type {model_type!r} is not a Llama-family decoder")
-    if model_type == "qwen2":
-        raw.setdefault("attention_bias", True)
+    if model_type not in ("llama", "mistral"):
+        raise CheckpointError(f"{path}: model_type {model_type!r} is not a Llama-family decoder (llama, mistral)")
+    window = raw.get("sliding_window")
+    if window and window < raw.get("max_position_embeddings", 0):
+        raise CheckpointError(f"{path}: sliding-window attention ({window} tokens) is not supported")
     return LlamaConfig.from_hf(raw)
 
 

@@ -1,11 +1,14 @@
 """The packed, paged engine computes the same logits as transformers on a mixed prefill/decode/chunk step."""
+import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
 from inflight_backend.block_manager import BlockManager
 from inflight_backend.engines.torch_runner import TorchRunner
+from inflight_backend.make_model import TinySpec, make_model
 from inflight_backend.request import Request, SamplingParams
 from inflight_backend.scheduler import ScheduledRequest, SchedulerOutput
 
@@ -30,7 +33,20 @@ def hf_last_logits(hf, ids):
         return hf(torch.tensor([ids])).logits[0, -1]
 
 
-@pytest.mark.parametrize("checkpoint, block_size", [("tiny_model", 16), ("gqa_model", 1), ("tied_model", 5)])
+@pytest.fixture(scope="module")
+def llama3_rope_model(tmp_path_factory):
+    """Llama 3 frequency scaling, with a short original context so the test's positions cross it."""
+    path = make_model(str(tmp_path_factory.mktemp("llama3-rope")), TinySpec(seed=5))
+    config_file = Path(path) / "config.json"
+    config = json.loads(config_file.read_text())
+    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    config_file.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("checkpoint, block_size", [("tiny_model", 16), ("gqa_model", 1), ("tied_model", 5),
+                                                    ("llama3_rope_model", 32)])
 def test_mixed_step_matches_transformers(checkpoint, block_size, request):
     from transformers import LlamaForCausalLM
 
