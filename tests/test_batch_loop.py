@@ -1,0 +1,74 @@
+"""The engine thread and responder thread, driven in-process (no Triton)."""
+import threading
+
+from inflight_backend.batch_loop import BatchLoop
+from inflight_backend.config import EngineConfig
+from inflight_backend.engine import InflightEngine
+from inflight_backend.request import SamplingParams
+
+
+class Collector:
+    def __init__(self, expected: int) -> None:
+        self.tokens: dict[str, list[int]] = {}
+        self.final: dict[str, str] = {}
+        self.errors: dict[str, str] = {}
+        self.steps_seen = 0
+        self.all_final = threading.Event()
+        self.expected = expected
+        self.first_token = threading.Event()
+
+    def emit(self, outputs, stats):
+        self.steps_seen = stats.num_steps
+        for out in outputs:
+            self.tokens.setdefault(out.req_id, []).extend(out.token_ids)
+            if out.token_ids:
+                self.first_token.set()
+            if out.finished:
+                self.final[out.req_id] = out.finish_reason
+                if out.error:
+                    self.errors[out.req_id] = out.error
+        if len(self.final) == self.expected:
+            self.all_final.set()
+
+
+def test_outputs_arrive_on_the_responder_and_blocks_are_returned(tiny_model):
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=64))
+    sink = Collector(expected=3)
+    loop = BatchLoop(engine, sink.emit)
+    for i in range(3):
+        loop.submit(str(i), [256, 65 + i], SamplingParams(max_tokens=5 + i, end_id=0))
+    assert sink.all_final.wait(60)
+    loop.stop()
+    assert {k: len(v) for k, v in sink.tokens.items()} == {"0": 5, "1": 6, "2": 7}
+    assert set(sink.final.values()) == {"length"}
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_stop_ends_every_open_request_as_cancelled(tiny_model):
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256))
+    sink = Collector(expected=4)
+    loop = BatchLoop(engine, sink.emit)
+    for i in range(4):
+        loop.submit(str(i), [256, 70 + i], SamplingParams(max_tokens=2000, end_id=0))
+    assert sink.first_token.wait(60)
+    loop.stop()
+    assert sink.final == {str(i): "cancelled" for i in range(4)}
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    assert not any(t.name.startswith("inflight-") and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_duplicate_id_is_rejected_and_cancel_ends_the_original(tiny_model):
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256))
+    sink = Collector(expected=1)
+    loop = BatchLoop(engine, sink.emit)
+    loop.submit("a", [256, 80], SamplingParams(max_tokens=2000, end_id=0))
+    loop.submit("a", [256, 81], SamplingParams(max_tokens=3))
+    assert sink.all_final.wait(60)  # the duplicate's error
+    assert sink.final == {"a": "error"} and "already running" in sink.errors["a"]
+    sink.all_final.clear()
+    sink.final.clear()
+    loop.cancel("a")
+    assert sink.all_final.wait(60)
+    loop.stop()
+    assert sink.final == {"a": "cancelled"}
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
