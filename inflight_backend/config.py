@@ -8,6 +8,7 @@ from dataclasses import dataclass
 ENGINES = ("pytorch",)
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "native", "torch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,7 @@ class EngineConfig:
     engine: str = "pytorch"
     device: str = "auto"
     dtype: str = "auto"
+    attention_backend: str = "auto"  # native kernels when built, else the torch reference
     block_size: int = 16
     num_kv_blocks: int = 512  # KV pool size in blocks; 0 sizes it to fit every sequence at full context
     max_batch_size: int = 64  # running sequences per iteration
@@ -33,6 +35,8 @@ class EngineConfig:
         _check(self.engine in ENGINES, f"engine must be one of {ENGINES}, got {self.engine!r}")
         _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
         _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _check(self.attention_backend in ATTENTION_BACKENDS,
+               f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         _check(1 <= self.block_size <= 1024, f"block_size must be in [1, 1024], got {self.block_size}")
         _check(self.num_kv_blocks >= 0, f"num_kv_blocks must be >= 0, got {self.num_kv_blocks}")
         _check(self.max_batch_size >= 1, f"max_batch_size must be >= 1, got {self.max_batch_size}")

@@ -66,7 +66,8 @@ class TritonPythonModel:
         self.loop = BatchLoop(self.engine, self._emit, on_idle=self._poll_cancelled)
         pb_utils.Logger.log_info(
             f"inflight: model {args['model_name']} ready: {self.config} on {self.config.resolved_device()}, "
-            f"{self.engine.blocks.num_blocks} KV blocks of {self.config.block_size} tokens")
+            f"{self.engine.blocks.num_blocks} KV blocks of {self.config.block_size} tokens, "
+            f"attention: {self.engine.runner.attention.name}")
 
     def execute(self, requests):
         for request in requests:

@@ -11,8 +11,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-BUILD_DIR = Path(os.environ.get("INFLIGHT_BUILD_DIR", PROJECT_ROOT / "build"))
+from .paths import BUILD_DIR, PROJECT_ROOT
 
 
 class ServerError(RuntimeError):

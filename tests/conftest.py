@@ -94,11 +94,12 @@ def write_repository(root: Path, models: dict[str, str]) -> Path:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, tiny_model, gqa_model):
     """One tritonserver for the end-to-end tests, serving:
-    llm (default tiny model), llm_gqa (second checkpoint), llm_small_pool (8 KV blocks of 16 tokens)."""
+    llm (default tiny model, native attention kernels), llm_gqa (second checkpoint, torch reference attention),
+    llm_small_pool (8 KV blocks of 16 tokens)."""
     root = tmp_path_factory.mktemp("repo")
     write_repository(root, {
         "llm": model_config(tiny_model, "llm"),
-        "llm_gqa": model_config(gqa_model, "llm_gqa", block_size=8, max_num_tokens=512),
+        "llm_gqa": model_config(gqa_model, "llm_gqa", block_size=8, max_num_tokens=512, attention_backend="torch"),
         "llm_small_pool": model_config(tiny_model, "llm_small_pool", num_kv_blocks=8, max_batch_size=4),
     })
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"

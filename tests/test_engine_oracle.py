@@ -30,11 +30,12 @@ def run(engine, cases, arrive_at_step):
     return [results[str(i)] for i in range(len(cases))], step
 
 
-@pytest.mark.parametrize("block_size", [16, 3])
-def test_greedy_tokens_match_transformers_with_staggered_arrivals(setup, oracle_cases, block_size):
+@pytest.mark.parametrize("block_size, attention", [(16, "native"), (3, "native"), (16, "torch"), (1, "torch")])
+def test_greedy_tokens_match_transformers_with_staggered_arrivals(setup, oracle_cases, block_size, attention):
     path, expected = setup
     engine = InflightEngine(EngineConfig(checkpoint=path, block_size=block_size, num_kv_blocks=2048 // block_size * 8,
-                                         max_batch_size=8, max_num_tokens=512))
+                                         max_batch_size=8, max_num_tokens=512, attention_backend=attention))
+    assert engine.runner.attention.name == attention
     got, steps = run(engine, oracle_cases, arrive_at_step=[3 * i for i in range(len(oracle_cases))])
     assert got == expected
     assert steps < sum(len(e) for e in expected)  # steps were shared

@@ -121,3 +121,10 @@ def test_cli_generate_streams_the_completion(server):
     expected = grpc_generate(url(server), "llm", {"text_input": "Hello", "max_tokens": 12, "stream": True})
     assert done.stdout.decode() == expected.text
     assert b"finish_reason=" in done.stderr
+
+
+def test_models_use_the_configured_attention_backend(server):
+    log = server.log_file.read_text()
+    ready = {line.split("model ")[1].split(" ")[0]: line for line in log.splitlines() if "inflight: model" in line}
+    assert "attention: native" in ready["llm"]  # auto: the kernel library is built by `make native`
+    assert "attention: torch" in ready["llm_gqa"]

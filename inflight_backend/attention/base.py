@@ -16,10 +16,16 @@ class AttentionMetadata:
     """
 
     slot_mapping: torch.Tensor  # (T,) int64
-    block_tables: torch.Tensor  # (B, max_blocks) int64
+    block_tables: torch.Tensor  # (B, max_blocks) int32
     query_start_loc: list[int]  # (B + 1,)
     context_lens: list[int]  # (B,)
     decode_only: bool  # every sequence has exactly one query token
+    query_start_loc_tensor: torch.Tensor  # the same, as int32 tensors on the model's device, for kernels
+    context_lens_tensor: torch.Tensor
+
+    @property
+    def max_context_len(self) -> int:
+        return max(self.context_lens)
 
 
 class AttentionBackend:

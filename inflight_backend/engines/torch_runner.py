@@ -15,11 +15,12 @@ class TorchRunner(ModelRunner):
     """Runs a checkpoint with torch on CPU or CUDA over a preallocated paged KV pool."""
 
     def __init__(self, checkpoint: str, num_blocks: int, block_size: int, device: str = "cpu",
-                 dtype: str = "float32", attention: str = "torch") -> None:
+                 dtype: str = "float32", attention: str = "auto") -> None:
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
         self.block_size = block_size
-        self.model = load_model(checkpoint, make_backend(attention), self.dtype, device)
+        self.attention = make_backend(attention, self.device)
+        self.model = load_model(checkpoint, self.attention, self.dtype, device)
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
@@ -49,14 +50,16 @@ class TorchRunner(ModelRunner):
             query_start_loc=query_start_loc,
             context_lens=context_lens,
             decode_only=len(input_ids) == len(context_lens),
+            query_start_loc_tensor=self._tensor(query_start_loc, torch.int32),
+            context_lens_tensor=self._tensor(context_lens, torch.int32),
         )
         return self.model(self._tensor(input_ids), self._tensor(positions), self.kv_caches, meta,
                           self._tensor(sample_indices))
 
-    def _tensor(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=self.device)
+    def _tensor(self, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
 
     def _block_tables(self, output: SchedulerOutput) -> torch.Tensor:
         width = max(len(item.block_table) for item in output.scheduled)
         rows = [item.block_table + [0] * (width - len(item.block_table)) for item in output.scheduled]
-        return self._tensor(rows)
+        return self._tensor(rows, torch.int32)

@@ -1,0 +1,249 @@
+// Paged attention on the CPU: walks each sequence's block table directly (no gather copies), one OpenMP task
+// per (sequence, KV head) so K and V rows are read once for every query head of the group, and keeps an
+// online softmax in fp32, rescaling once per chunk of keys.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "paged_attention.h"
+
+namespace {
+
+constexpr int kChunk = 32;  // keys scored before one softmax rescale
+
+struct bf16 {
+  uint16_t bits;
+};
+
+inline float to_float(float x) { return x; }
+inline float to_float(bf16 x) {
+  uint32_t u = uint32_t(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+template <typename T> T from_float(float f);
+template <> float from_float<float>(float f) { return f; }
+template <> bf16 from_float<bf16>(float f) {  // round to nearest even, as torch does
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16{uint16_t(u >> 16)};
+}
+
+// A row of head_size values as floats: the row itself for fp32, a converted copy for bf16.
+inline const float* as_floats(const float* row, float*, int) { return row; }
+inline const float* as_floats(const bf16* row, float* buf, int n) {
+  for (int d = 0; d < n; ++d) buf[d] = to_float(row[d]);
+  return buf;
+}
+
+// Four independent 8-wide accumulators: one would serialise on the FMA latency.
+inline float dot(const float* __restrict a, const float* __restrict b, int n) {
+  float acc[4][8] = {};
+  int d = 0;
+  for (; d + 32 <= n; d += 32)
+    for (int u = 0; u < 4; ++u)
+#pragma omp simd
+      for (int w = 0; w < 8; ++w) acc[u][w] += a[d + 8 * u + w] * b[d + 8 * u + w];
+  for (int w = 0; w < 8; ++w) acc[0][w] += (acc[1][w] + acc[2][w]) + acc[3][w];
+  for (int width = 4; width > 0; width /= 2)  // a tree, not a serial chain of scalar adds
+    for (int w = 0; w < width; ++w) acc[0][w] += acc[0][w + width];
+  float s = acc[0][0];
+  for (; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// exp(x) for x <= 0 in fp32, written so the compiler vectorises it (std::exp does not): 2^(x log2 e) as
+// 2^n * 2^f with a degree-6 polynomial for 2^f, f in [-0.5, 0.5]; relative error ~2e-7.
+inline float exp_neg(float x) {
+  const float y = std::max(x, -126.f) * 1.44269504088896341f;
+  const float n = std::nearbyint(y), f = y - n;
+  float r = 1.53552577e-4f;
+  r = r * f + 1.33988708e-3f;
+  r = r * f + 9.61808753e-3f;
+  r = r * f + 5.55034615e-2f;
+  r = r * f + 2.40226486e-1f;
+  r = r * f + 6.93147182e-1f;
+  r = r * f + 1.f;
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return r * scale;
+}
+
+template <typename T>
+struct Seq {  // one sequence's view of the cache for one KV head
+  const T* cache;
+  const int32_t* table;
+  const pa_params* p;
+  int kv_head;
+  // Row pointers of positions [start, start + n), walking the block table without a division per row.
+  void rows(int start, int n, const T** out) const {
+    int block = start / p->block_size, offset = start % p->block_size;
+    const T* base = cache + int64_t(table[block]) * p->kv_stride_block + int64_t(kv_head) * p->kv_stride_head;
+    for (int i = 0; i < n; ++i) {
+      out[i] = base + int64_t(offset) * p->kv_stride_token;
+      if (++offset == p->block_size && i + 1 < n) {
+        offset = 0;
+        base = cache + int64_t(table[++block]) * p->kv_stride_block + int64_t(kv_head) * p->kv_stride_head;
+      }
+    }
+  }
+};
+
+// acc[g] += sum_i scores[g][i] * v_i, head by head so one head's accumulator stays in registers.
+inline void accumulate(const float* const* rows, int n, const float* scores, int group, int D, float* acc,
+                       float*) {
+  for (int g = 0; g < group; ++g) {
+    float* __restrict a = acc + g * D;
+    for (int i = 0; i < n; ++i) {
+      const float w = scores[g * kChunk + i];
+      const float* __restrict v = rows[i];
+#pragma omp simd
+      for (int d = 0; d < D; ++d) a[d] += w * v[d];
+    }
+  }
+}
+inline void accumulate(const bf16* const* rows, int n, const float* scores, int group, int D, float* acc,
+                       float* buf) {
+  for (int i = 0; i < n; ++i) {
+    const float* v = as_floats(rows[i], buf, D);
+    for (int g = 0; g < group; ++g) {
+      const float w = scores[g * kChunk + i];
+      float* __restrict a = acc + g * D;
+#pragma omp simd
+      for (int d = 0; d < D; ++d) a[d] += w * v[d];
+    }
+  }
+}
+
+struct Scratch {  // per-thread buffers, allocated once per call
+  std::vector<float> q, acc, scores, buf, m, l;
+  Scratch(int group, int D) : q(group * D), acc(group * D), scores(group * kChunk), buf(D), m(group), l(group) {}
+};
+
+// Attention of `group` query heads (already scaled, in w.q) over keys [0, num_keys); result into out.
+template <typename T>
+void attend(const pa_params& p, int group, const Seq<T>& k, const Seq<T>& v, int num_keys, Scratch& w, T* out,
+            int64_t out_head_stride) {
+  const int D = p.head_size;
+  const float* q = w.q.data();
+  float *acc = w.acc.data(), *scores = w.scores.data(), *buf = w.buf.data(), *m = w.m.data(), *l = w.l.data();
+  std::fill(m, m + group, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + group, 0.f);
+  std::fill(acc, acc + group * D, 0.f);
+  const T *krows[kChunk], *vrows[kChunk];
+  k.rows(0, std::min(kChunk, num_keys), krows);
+  for (int k0 = 0; k0 < num_keys; k0 += kChunk) {
+    const int n = std::min(kChunk, num_keys - k0);
+    v.rows(k0, n, vrows);
+    for (int i = 0; i < n; ++i) {
+      const float* krow = as_floats(krows[i], buf, D);
+      for (int g = 0; g < group; ++g) scores[g * kChunk + i] = dot(q + g * D, krow, D);
+    }
+    for (int g = 0; g < group; ++g) {
+      float* s = scores + g * kChunk;
+      const float m_new = std::max(m[g], *std::max_element(s, s + n));
+      const float alpha = std::exp(m[g] - m_new);  // 0 on the first chunk (m = -inf)
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int i = 0; i < n; ++i) {
+        s[i] = exp_neg(s[i] - m_new);
+        sum += s[i];
+      }
+      l[g] = l[g] * alpha + sum;
+      m[g] = m_new;
+      float* a = acc + g * D;
+#pragma omp simd
+      for (int d = 0; d < D; ++d) a[d] *= alpha;
+    }
+    accumulate(vrows, n, scores, group, D, acc, buf);
+    if (k0 + n < num_keys) k.rows(k0 + n, std::min(kChunk, num_keys - k0 - n), krows);
+  }
+  for (int g = 0; g < group; ++g) {
+    const float inv = 1.f / l[g];
+    for (int d = 0; d < D; ++d) out[g * out_head_stride + d] = from_float<T>(acc[g * D + d] * inv);
+  }
+}
+
+template <typename T>
+void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const int32_t* block_tables,
+               const int32_t* context_lens, const int32_t* qsl, T* out) {
+  const int group = p.num_heads / p.num_kv_heads, D = p.head_size;
+#pragma omp parallel
+  {
+    Scratch w(group, D);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int s = 0; s < p.num_seqs; ++s) {
+      for (int h = 0; h < p.num_kv_heads; ++h) {
+        const int32_t* table = block_tables + int64_t(s) * p.max_blocks_per_seq;
+        const Seq<T> k{kc, table, &p, h}, v{vc, table, &p, h};
+        const int q0 = qsl[s], num_q = qsl[s + 1] - qsl[s], len = context_lens[s];
+        for (int j = 0; j < num_q; ++j) {
+          const int64_t t = q0 + j;
+          for (int g = 0; g < group; ++g) {
+            const T* row = q + t * p.q_stride_token + int64_t(h * group + g) * p.q_stride_head;
+            for (int d = 0; d < D; ++d) w.q[g * D + d] = to_float(row[d]) * p.scale;
+          }
+          T* dst = out + t * p.out_stride_token + int64_t(h * group) * p.out_stride_head;
+          attend(p, group, k, v, len - num_q + j + 1, w, dst, p.out_stride_head);
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void write_kv(const pa_params& p, const T* k, const T* v, int64_t st, int64_t sh, const int64_t* slots, T* kc,
+              T* vc) {
+  const size_t bytes = sizeof(T) * p.head_size;
+#pragma omp parallel for
+  for (int t = 0; t < p.num_tokens; ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    const int64_t base = (slot / p.block_size) * p.kv_stride_block + (slot % p.block_size) * p.kv_stride_token;
+    for (int h = 0; h < p.num_kv_heads; ++h) {
+      std::memcpy(kc + base + h * p.kv_stride_head, k + t * st + h * sh, bytes);
+      std::memcpy(vc + base + h * p.kv_stride_head, v + t * st + h * sh, bytes);
+    }
+  }
+}
+
+int check(const pa_params* p) {
+  if (p->dtype != PA_FLOAT32 && p->dtype != PA_BFLOAT16) return PA_ERR_DTYPE;
+  if (p->num_kv_heads <= 0 || p->num_heads % p->num_kv_heads != 0 || p->head_size <= 0 || p->block_size <= 0)
+    return PA_ERR_SHAPE;
+  return PA_OK;
+}
+
+}  // namespace
+
+extern "C" int pa_cpu_attention(const pa_params* p, const void* q, const void* k_cache, const void* v_cache,
+                                const int32_t* block_tables, const int32_t* context_lens,
+                                const int32_t* query_start_loc, void* out) {
+  if (int err = check(p)) return err;
+  if (p->dtype == PA_FLOAT32)
+    attention(*p, static_cast<const float*>(q), static_cast<const float*>(k_cache),
+              static_cast<const float*>(v_cache), block_tables, context_lens, query_start_loc,
+              static_cast<float*>(out));
+  else
+    attention(*p, static_cast<const bf16*>(q), static_cast<const bf16*>(k_cache), static_cast<const bf16*>(v_cache),
+              block_tables, context_lens, query_start_loc, static_cast<bf16*>(out));
+  return PA_OK;
+}
+
+extern "C" int pa_cpu_write_kv(const pa_params* p, const void* k, const void* v, int64_t st, int64_t sh,
+                               const int64_t* slot_mapping, void* k_cache, void* v_cache) {
+  if (int err = check(p)) return err;
+  if (p->dtype == PA_FLOAT32)
+    write_kv(*p, static_cast<const float*>(k), static_cast<const float*>(v), st, sh, slot_mapping,
+             static_cast<float*>(k_cache), static_cast<float*>(v_cache));
+  else
+    write_kv(*p, static_cast<const bf16*>(k), static_cast<const bf16*>(v), st, sh, slot_mapping,
+             static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache));
+  return PA_OK;
+}

@@ -1,0 +1,132 @@
+"""Native paged-attention kernels against the torch reference: random contexts, block sizes, GQA ratios,
+multi-token (causal) queries, shuffled block tables, fp32 and bf16."""
+import random
+import shutil
+
+import pytest
+import torch
+
+from inflight_backend.attention import NativePagedAttention, TorchPagedAttention, load_library
+from inflight_backend.attention.base import AttentionMetadata
+
+# Stated tolerances (max abs error; outputs are convex combinations of V rows with |V| <~ 4):
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def random_batch(rng, *, num_seqs, block_size, num_heads, num_kv_heads, head_size, max_context, max_query,
+                 dtype, device="cpu"):
+    """A packed batch with random context/query lengths and block tables in random physical order."""
+    ctx = [rng.randint(1, max_context) for _ in range(num_seqs)]
+    nq = [rng.randint(1, min(c, max_query)) for c in ctx]
+    blocks_needed = [-(-c // block_size) for c in ctx]
+    num_blocks = sum(blocks_needed) + 3
+    physical = list(range(num_blocks))
+    rng.shuffle(physical)
+    tables, it = [], iter(physical)
+    for n in blocks_needed:
+        tables.append([next(it) for _ in range(n)])
+    width = max(blocks_needed)
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    shape = (num_blocks, block_size, num_kv_heads, head_size)
+    k_cache = torch.randn(shape, generator=gen).to(dtype).to(device)
+    v_cache = torch.randn(shape, generator=gen).to(dtype).to(device)
+    qsl = [0]
+    for n in nq:
+        qsl.append(qsl[-1] + n)
+    q = torch.randn(qsl[-1], num_heads, head_size, generator=gen).to(dtype).to(device)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(0, dtype=torch.int64, device=device),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device),
+        query_start_loc=qsl, context_lens=ctx, decode_only=all(n == 1 for n in nq),
+        query_start_loc_tensor=torch.tensor(qsl, dtype=torch.int32, device=device),
+        context_lens_tensor=torch.tensor(ctx, dtype=torch.int32, device=device))
+    return q, k_cache, v_cache, meta
+
+
+CASES = [  # (block_size, group, max_context, max_query, num_seqs)
+    (1, 1, 64, 1, 5), (16, 4, 2048, 1, 4), (32, 8, 700, 1, 8), (16, 1, 300, 40, 4), (1, 4, 100, 17, 3),
+    (32, 8, 2048, 64, 2), (16, 4, 1, 1, 3), (7, 2, 129, 9, 6), (128, 4, 1000, 5, 3),
+]
+
+
+def compare(backend, dtype, device, head_size, case, seed):
+    block_size, group, max_context, max_query, num_seqs = case
+    rng = random.Random(seed)
+    q, k_cache, v_cache, meta = random_batch(
+        rng, num_seqs=num_seqs, block_size=block_size, num_heads=2 * group, num_kv_heads=2, head_size=head_size,
+        max_context=max_context, max_query=max_query, dtype=dtype, device=device)
+    scale = head_size ** -0.5
+    want = TorchPagedAttention().forward(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(),
+                                         _to_cpu(meta), scale)
+    got = backend.forward(q, k_cache, v_cache, meta, scale)
+    assert got.dtype == dtype and not backend._use_fallback
+    err = (got.cpu().float() - want).abs().max().item()
+    assert err <= TOLERANCE[dtype], f"max error {err} for {case}"
+
+
+def _to_cpu(meta):
+    return AttentionMetadata(meta.slot_mapping.cpu(), meta.block_tables.cpu(), meta.query_start_loc,
+                             meta.context_lens, meta.decode_only, meta.query_start_loc_tensor.cpu(),
+                             meta.context_lens_tensor.cpu())
+
+
+@pytest.fixture(scope="module")
+def cpu_backend():
+    lib = load_library("cpu")
+    if lib is None:
+        pytest.fail("build/lib/libinflight_pa_cpu.so is missing: run `make native`")
+    return NativePagedAttention(lib, "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_size", [64, 128, 32])
+@pytest.mark.parametrize("case", CASES, ids=[f"bs{c[0]}-g{c[1]}-ctx{c[2]}-q{c[3]}" for c in CASES])
+def test_cpu_kernel_matches_reference(cpu_backend, dtype, head_size, case):
+    compare(cpu_backend, dtype, "cpu", head_size, case, seed=hash((head_size, case)) % 1000)
+
+
+def test_cpu_write_kv_scatters_into_slots(cpu_backend):
+    rng = random.Random(0)
+    q, k_cache, v_cache, meta = random_batch(rng, num_seqs=3, block_size=4, num_heads=4, num_kv_heads=2,
+                                             head_size=64, max_context=20, max_query=5, dtype=torch.float32)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    num_tokens = q.shape[0]
+    meta.slot_mapping = torch.tensor(rng.sample(range(k_cache.shape[0] * 4), num_tokens), dtype=torch.int64)
+    k = torch.randn(num_tokens, 2, 64)
+    v = torch.randn(num_tokens, 2, 64)
+    cpu_backend.write_kv(k_cache, v_cache, k, v, meta)
+    TorchPagedAttention().write_kv(k_ref, v_ref, k, v, meta)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+def test_unsupported_dtype_falls_back_to_the_reference(cpu_backend):
+    backend = NativePagedAttention(cpu_backend.lib, "cpu")
+    q, k_cache, v_cache, meta = random_batch(random.Random(1), num_seqs=2, block_size=4, num_heads=2,
+                                             num_kv_heads=1, head_size=64, max_context=9, max_query=2,
+                                             dtype=torch.float16)
+    out = backend.forward(q, k_cache, v_cache, meta, 0.125)
+    assert backend._use_fallback
+    want = TorchPagedAttention().forward(q, k_cache, v_cache, meta, 0.125)
+    assert torch.equal(out, want)
+
+
+requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU kernels not run")
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("head_size", [64, 128])
+@pytest.mark.parametrize("case", CASES, ids=[f"bs{c[0]}-g{c[1]}-ctx{c[2]}-q{c[3]}" for c in CASES])
+def test_cuda_kernel_matches_reference(dtype, head_size, case):
+    lib = load_library("cuda")
+    assert lib is not None, "build/lib/libinflight_pa_cuda.so is missing: run `make native` with nvcc"
+    compare(NativePagedAttention(lib, "cuda"), dtype, "cuda", head_size, case, seed=7)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: the CUDA library is not built")
+def test_cuda_library_is_built_and_exports_the_abi():
+    lib = load_library("cuda")  # loads without a GPU: the CUDA runtime is linked statically
+    assert lib is not None, "nvcc is available but build/lib/libinflight_pa_cuda.so is missing"
+    for name in ("pa_cuda_attention", "pa_cuda_write_kv", "pa_cuda_workspace_size"):
+        assert hasattr(lib, name)
