@@ -12,12 +12,14 @@ import threading
 import traceback
 from typing import Callable
 
-from .engine import EngineStats, InflightEngine, RequestError, RequestOutput
+from .engine import InflightEngine, RequestError, RequestOutput
 from .request import SamplingParams
+from .stats import EngineStats
 
 Emit = Callable[[list[RequestOutput], EngineStats], None]
 
 _IDLE_WAIT_S = 0.05
+_EMPTY_STEP_WAIT_S = 0.001  # requests wait but none could be scheduled (static batch filling, pool full)
 
 
 class BatchLoop:
@@ -29,14 +31,22 @@ class BatchLoop:
         self._on_idle = on_idle or (lambda: None)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._outputs: queue.SimpleQueue = queue.SimpleQueue()
-        self._stopping = threading.Event()
+        self._pending_adds = 0  # submitted, not yet in the engine's waiting queue
+        self._pending_lock = threading.Lock()
         self._threads = [threading.Thread(target=self._run_engine, name="inflight-engine", daemon=True),
                          threading.Thread(target=self._run_responder, name="inflight-responder", daemon=True)]
         for thread in self._threads:
             thread.start()
 
-    def submit(self, req_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
-        self._commands.put(("add", req_id, prompt_ids, params))
+    def submit(self, req_id: str, prompt_ids: list[int], params: SamplingParams, priority: int = 0,
+               arrival_time: float | None = None) -> None:
+        with self._pending_lock:
+            self._pending_adds += 1
+        self._commands.put(("add", req_id, prompt_ids, params, priority, arrival_time))
+
+    def queue_depth(self) -> int:
+        """Requests waiting for admission (as of the last step) plus those not yet handed to the engine."""
+        return self.engine.stats.num_waiting + self._pending_adds
 
     def cancel(self, req_id: str) -> None:
         self._commands.put(("cancel", req_id))
@@ -49,27 +59,32 @@ class BatchLoop:
 
     def _run_engine(self) -> None:
         engine = self.engine
+        idle = True
         while True:
             outputs: list[RequestOutput] = []
-            if not self._apply_commands(outputs, block=not engine.has_unfinished()):
+            wait = _IDLE_WAIT_S if not engine.has_unfinished() else _EMPTY_STEP_WAIT_S if idle else 0.0
+            if not self._apply_commands(outputs, wait):
                 break
+            idle = True
             if engine.has_unfinished():
+                steps_before = engine.stats.num_steps
                 try:
                     outputs += engine.step()
                 except Exception as exc:  # a failing step must not kill the server: fail its requests
                     outputs += engine.fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+                idle = engine.stats.num_steps == steps_before
             if outputs:
                 self._outputs.put((outputs, copy.copy(engine.stats)))
         self._outputs.put(None)
 
-    def _apply_commands(self, outputs: list[RequestOutput], block: bool) -> bool:
-        """Apply queued commands; False once asked to stop (after cancelling everything)."""
+    def _apply_commands(self, outputs: list[RequestOutput], wait: float) -> bool:
+        """Apply queued commands, waiting up to `wait` seconds for the first; False once asked to stop."""
         while True:
             try:
-                command = self._commands.get(timeout=_IDLE_WAIT_S) if block else self._commands.get_nowait()
+                command = self._commands.get(timeout=wait) if wait else self._commands.get_nowait()
             except queue.Empty:
                 return True
-            block = False
+            wait = 0.0
             kind = command[0]
             if kind == "add":
                 self._add(outputs, *command[1:])
@@ -81,9 +96,11 @@ class BatchLoop:
                 self._outputs.put((outputs, copy.copy(self.engine.stats)))
                 return False
 
-    def _add(self, outputs, req_id, prompt_ids, params) -> None:
+    def _add(self, outputs, req_id, prompt_ids, params, priority, arrival_time) -> None:
+        with self._pending_lock:
+            self._pending_adds -= 1
         try:
-            self.engine.add_request(req_id, prompt_ids, params)
+            self.engine.add_request(req_id, prompt_ids, params, priority, arrival_time)
         except RequestError as exc:
             outputs.append(RequestOutput(req_id, [], "", "error", len(prompt_ids), 0, error=str(exc)))
 

@@ -9,6 +9,8 @@ ENGINES = ("pytorch",)
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "native", "torch")
+BATCHING_POLICIES = ("static", "prefill_first", "fused")
+CAPACITY_POLICIES = ("guaranteed_no_evict", "max_utilization")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,11 @@ class EngineConfig:
     max_batch_size: int = 64  # running sequences per iteration
     max_num_tokens: int = 1024  # packed tokens per iteration (prefill + decode)
     enable_chunked_prefill: bool = False
+    batching_policy: str = "fused"  # static | prefill_first | fused
+    capacity_policy: str = "guaranteed_no_evict"  # guaranteed_no_evict | max_utilization
+    max_queue_delay_ms: float = 0.0  # static: how long a partial batch waits to fill
+    max_queue_size: int = 0  # waiting requests beyond this get "queue full" at once; 0: unlimited
+    priority_aging_s: float = 10.0  # waiting requests gain one priority level per this many seconds
     default_max_tokens: int = 64  # when a request gives no max_tokens
     seed: int = 0  # engine-wide seed for sampled requests that give none
 
@@ -43,6 +50,13 @@ class EngineConfig:
         _check(self.max_num_tokens >= self.max_batch_size,
                f"max_num_tokens ({self.max_num_tokens}) must be >= max_batch_size ({self.max_batch_size})")
         _check(self.default_max_tokens >= 1, "default_max_tokens must be >= 1")
+        _check(self.batching_policy in BATCHING_POLICIES,
+               f"batching_policy must be one of {BATCHING_POLICIES}, got {self.batching_policy!r}")
+        _check(self.capacity_policy in CAPACITY_POLICIES,
+               f"capacity_policy must be one of {CAPACITY_POLICIES}, got {self.capacity_policy!r}")
+        _check(self.max_queue_delay_ms >= 0, "max_queue_delay_ms must be >= 0")
+        _check(self.max_queue_size >= 0, "max_queue_size must be >= 0")
+        _check(self.priority_aging_s > 0, "priority_aging_s must be > 0")
 
     @classmethod
     def from_parameters(cls, params: dict[str, str], base_dir: str = ".") -> "EngineConfig":
@@ -74,6 +88,8 @@ def _parse(field: dataclasses.Field, raw: str):
             return text.lower() in ("true", "1", "yes")
         if kind == "int":
             return int(text)
+        if kind == "float":
+            return float(text)
     except ValueError:
         raise ValueError(f"parameter {field.name!r}: expected {kind}, got {raw!r}") from None
     return text

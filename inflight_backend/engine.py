@@ -17,6 +17,7 @@ from .engines.base import ModelRunner
 from .request import Request, RequestStatus, SamplingParams
 from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerConfig
+from .stats import EngineStats
 
 
 class RequestError(ValueError):
@@ -34,28 +35,22 @@ class RequestOutput:
     num_input_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    token_time: float = 0.0  # time.monotonic() when this output's tokens were sampled
+    times: RequestTimes | None = None  # on the final output
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
 
-@dataclass(slots=True)
-class EngineStats:
-    """Counters since start, plus the last step's shape. Read by metrics and tests."""
+@dataclass(frozen=True, slots=True)
+class RequestTimes:
+    """time.monotonic() stamps of one request's life (None where it never got that far)."""
 
-    num_steps: int = 0
-    num_prompt_tokens: int = 0
-    num_generated_tokens: int = 0
-    num_finished: int = 0
-    last_step_prefill_tokens: int = 0
-    last_step_decode_tokens: int = 0
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    step_seconds: float = 0.0
-    last_step_num_seqs: int = 0
+    arrival: float
+    first_scheduled: float | None
+    first_token: float | None
+    last_token: float | None
 
 
 class InflightEngine:
@@ -67,8 +62,9 @@ class InflightEngine:
         num_blocks = config.num_kv_blocks or config.max_batch_size * blocks_for(self.max_model_len,
                                                                                  config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size)
-        self.scheduler = Scheduler(SchedulerConfig(config.max_batch_size, config.max_num_tokens,
-                                                   config.enable_chunked_prefill), self.blocks)
+        self.scheduler = Scheduler(SchedulerConfig(
+            config.max_batch_size, config.max_num_tokens, config.enable_chunked_prefill, config.batching_policy,
+            config.capacity_policy, config.max_queue_delay_ms / 1000.0, config.priority_aging_s), self.blocks)
         self.runner = runner or _make_runner(config, num_blocks)
         self.sampler = Sampler()
         self.stats = EngineStats(kv_blocks_total=num_blocks)
@@ -112,13 +108,16 @@ class InflightEngine:
         if params.end_id is not None and not 0 <= params.end_id < self.runner.vocab_size:
             raise RequestError(f"end_id {params.end_id} is outside the vocabulary")
 
-    def add_request(self, req_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, req_id: str, prompt_ids: list[int], params: SamplingParams, priority: int = 0,
+                    arrival_time: float | None = None) -> None:
         self.validate(prompt_ids, params)
         if req_id in self._requests:
             raise RequestError(f"request id {req_id!r} is already running")
         if not params.greedy and params.seed is None:
             params = replace(params, seed=next(self._seeds))
-        request = Request(req_id, list(prompt_ids), params)
+        request = Request(req_id, list(prompt_ids), params, priority=priority)
+        if arrival_time is not None:
+            request.arrival_time = arrival_time
         self._requests[req_id] = request
         self._detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer)
         self.scheduler.add(request)
@@ -134,14 +133,17 @@ class InflightEngine:
         """One iteration: schedule, run once on the packed tokens, sample, update. Returns new outputs."""
         start = time.perf_counter()
         sched = self.scheduler.schedule()
+        scheduled = modelled = time.perf_counter()
         outputs: list[RequestOutput] = []
         if not sched.is_empty:
             logits = self.runner.execute(sched)
+            modelled = time.perf_counter()
             sampled = [item.request for item in sched.scheduled if item.sample]
             token_ids = self.sampler.sample(logits, [r.req_id for r in sampled], [r.params for r in sampled])
+            now = time.monotonic()
             for request in self.scheduler.update(sched, token_ids):
-                outputs.append(self._postprocess(request))
-        self._record(sched, start)
+                outputs.append(self._postprocess(request, now))
+        self.stats.record(sched, self.scheduler, (start, scheduled, modelled, time.perf_counter()))
         return outputs
 
     def fail_all(self, message: str) -> list[RequestOutput]:
@@ -151,7 +153,10 @@ class InflightEngine:
             out.error = message
         return outputs
 
-    def _postprocess(self, request: Request) -> RequestOutput:
+    def _postprocess(self, request: Request, now: float) -> RequestOutput:
+        if request.first_token_time is None:
+            request.first_token_time = now
+        request.last_token_time = now
         token = request.output_ids[-1]
         detok = self._detokenizers[request.req_id]
         text = detok.add(token)
@@ -162,7 +167,7 @@ class InflightEngine:
             return self._finish(request, RequestStatus.FINISHED_STOPPED, [token], text)
         if len(request.output_ids) >= p.max_tokens:
             return self._finish(request, RequestStatus.FINISHED_LENGTH, [token], text)
-        return RequestOutput(request.req_id, [token], text)
+        return RequestOutput(request.req_id, [token], text, token_time=now)
 
     def _finish(self, request: Request, status: RequestStatus, token_ids: list[int], text: str) -> RequestOutput:
         self.scheduler.finish(request, status)
@@ -170,21 +175,10 @@ class InflightEngine:
         del self._requests[request.req_id]
         text += self._detokenizers.pop(request.req_id).flush()
         self.stats.num_finished += 1
+        times = RequestTimes(request.arrival_time, request.first_scheduled_time, request.first_token_time,
+                             request.last_token_time)
         return RequestOutput(request.req_id, token_ids, text, status.finish_reason, request.num_prompt_tokens,
-                             len(request.output_ids))
-
-    def _record(self, sched, start: float) -> None:
-        s = self.stats
-        s.step_seconds = time.perf_counter() - start
-        s.last_step_prefill_tokens = sched.num_prefill_tokens
-        s.last_step_decode_tokens = sched.num_decode_tokens
-        s.num_running, s.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
-        s.kv_blocks_used = self.blocks.num_used_blocks
-        if not sched.is_empty:
-            s.num_steps += 1
-            s.num_prompt_tokens += sched.num_prefill_tokens
-            s.num_generated_tokens += sum(item.sample for item in sched.scheduled)
-        s.last_step_num_seqs = len(sched.scheduled)
+                             len(request.output_ids), token_time=request.last_token_time or 0.0, times=times)
 
 
 def _make_runner(config: EngineConfig, num_blocks: int) -> ModelRunner:

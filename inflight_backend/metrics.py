@@ -1,44 +1,76 @@
-"""Triton custom metrics (on the server's metrics port) fed from the engine's stats snapshots."""
+"""Triton custom metrics (on the server's metrics port), fed from engine stats snapshots and request outputs."""
 from __future__ import annotations
 
-from .engine import EngineStats
+from .stats import EngineStats
 
-# metric name: (kind, description, EngineStats field)
+# Counters mirrored from EngineStats fields: name -> (description, field)
 COUNTERS = {
     "inflight_steps_total": ("engine iterations run", "num_steps"),
-    "inflight_prompt_tokens_total": ("prompt tokens computed", "num_prompt_tokens"),
+    "inflight_prompt_tokens_total": ("prompt tokens computed (recomputation after preemption included)",
+                                     "num_prompt_tokens"),
     "inflight_generated_tokens_total": ("tokens generated", "num_generated_tokens"),
-    "inflight_requests_finished_total": ("requests ended (any reason)", "num_finished"),
+    "inflight_preemptions_total": ("running requests preempted for KV blocks (max_utilization)", "num_preemptions"),
 }
 GAUGES = {
-    "inflight_requests_running": ("requests in the running batch", "num_running"),
-    "inflight_requests_waiting": ("requests queued for admission", "num_waiting"),
     "inflight_kv_blocks_used": ("KV cache blocks owned by sequences", "kv_blocks_used"),
     "inflight_kv_blocks_total": ("KV cache blocks in the pool", "kv_blocks_total"),
     "inflight_step_batch_size": ("sequences in the last iteration", "last_step_num_seqs"),
+    "inflight_step_prefill_tokens": ("prompt tokens in the last iteration", "last_step_prefill_tokens"),
+    "inflight_step_decode_tokens": ("decode tokens in the last iteration", "last_step_decode_tokens"),
 }
+REQUEST_STATES = {"running": "num_running", "waiting": "num_waiting", "preempted": "num_preempted_waiting"}
+PHASES = {"schedule": "schedule_seconds", "model": "model_seconds", "sample": "sample_seconds"}
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 
 
 class TritonMetrics:
-    """One labelled metric per stats field. `pb_utils` is passed in because it exists only inside Triton."""
+    """`pb_utils` is passed in because it exists only inside Triton. Not thread-safe: call from the responder."""
 
     def __init__(self, pb_utils, model_name: str) -> None:
-        family = pb_utils.MetricFamily
+        family_type = pb_utils.MetricFamily
+        self._families = []  # families must outlive their metrics
         labels = {"model": model_name}
-        # Families must outlive their metrics, so both are kept.
-        self._families = {name: family(name=name, description=desc, kind=family.COUNTER)
-                          for name, (desc, _) in COUNTERS.items()}
-        self._families.update({name: family(name=name, description=desc, kind=family.GAUGE)
-                               for name, (desc, _) in GAUGES.items()})
-        self._counters = {field: self._families[name].Metric(labels=labels) for name, (_, field) in COUNTERS.items()}
-        self._gauges = {field: self._families[name].Metric(labels=labels) for name, (_, field) in GAUGES.items()}
+
+        def family(name, description, kind):
+            self._families.append(family_type(name=name, description=description, kind=kind))
+            return self._families[-1]
+
+        counter, gauge, histogram = family_type.COUNTER, family_type.GAUGE, family_type.HISTOGRAM
+        self._counters = {field: family(name, desc, counter).Metric(labels=labels)
+                          for name, (desc, field) in COUNTERS.items()}
+        self._gauges = {field: family(name, desc, gauge).Metric(labels=labels) for name, (desc, field) in GAUGES.items()}
+        self._kv_free = family("inflight_kv_blocks_free", "KV cache blocks free", gauge).Metric(labels=labels)
+        requests = family("inflight_requests", "requests by state", gauge)
+        self._states = {field: requests.Metric(labels={**labels, "state": state})
+                        for state, field in REQUEST_STATES.items()}
+        finished = family("inflight_requests_finished_total", "requests ended, by finish reason", counter)
+        self._finished = {reason: finished.Metric(labels={**labels, "reason": reason}) for reason in FINISH_REASONS}
+        phases = family("inflight_step_seconds_total", "time in each phase of the iterations", counter)
+        self._phases = {phase: phases.Metric(labels={**labels, "phase": phase}) for phase in (*PHASES, "respond")}
+        self._ttft, self._itl, self._e2e = (
+            family(name, desc, histogram).Metric(labels=labels, buckets=LATENCY_BUCKETS) for name, desc in (
+                ("inflight_time_to_first_token_seconds", "arrival to first token"),
+                ("inflight_inter_token_latency_seconds", "time between consecutive tokens of a request"),
+                ("inflight_e2e_request_latency_seconds", "arrival to final response")))
         self._last = EngineStats()
 
-    def update(self, stats: EngineStats) -> None:
+    def update(self, stats: EngineStats, respond_seconds: float) -> None:
         for field, metric in self._counters.items():
-            delta = getattr(stats, field) - getattr(self._last, field)
-            if delta:
+            if delta := getattr(stats, field) - getattr(self._last, field):
                 metric.increment(delta)
-        for field, metric in self._gauges.items():
+        for phase, field in PHASES.items():
+            if delta := getattr(stats, field) - getattr(self._last, field):
+                self._phases[phase].increment(delta)
+        self._phases["respond"].increment(respond_seconds)
+        for field, metric in {**self._gauges, **self._states}.items():
             metric.set(getattr(stats, field))
+        self._kv_free.set(stats.kv_blocks_total - stats.kv_blocks_used)
         self._last = stats
+
+    def observe_token(self, since_previous: float, is_first: bool) -> None:
+        (self._ttft if is_first else self._itl).observe(since_previous)
+
+    def observe_finished(self, reason: str, e2e_seconds: float) -> None:
+        self._finished[reason].increment(1)
+        self._e2e.observe(e2e_seconds)

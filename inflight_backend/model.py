@@ -17,8 +17,9 @@ import triton_python_backend_utils as pb_utils
 from inflight_backend import protocol
 from inflight_backend.batch_loop import BatchLoop
 from inflight_backend.config import EngineConfig
-from inflight_backend.engine import EngineStats, InflightEngine, RequestError, RequestOutput
+from inflight_backend.engine import InflightEngine, RequestError, RequestOutput, RequestTimes
 from inflight_backend.metrics import TritonMetrics
+from inflight_backend.stats import EngineStats
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _CANCEL_POLL_S = 0.05
@@ -32,8 +33,11 @@ class _Stream:
     stream: bool
     prefix_text: str  # prompt text prepended to a non-streamed output (exclude_input_in_output=false)
     prefix_ids: list[int]
+    arrival: float  # time.monotonic() when execute() received it
+    return_perf_metrics: bool
     texts: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
+    last_token_time: float | None = None
 
 
 class TritonPythonModel:
@@ -46,7 +50,7 @@ class TritonPythonModel:
         for name, (dtype, dims) in protocol.all_inputs().items():
             if name not in have_inputs:
                 config.add_input({"name": name, "data_type": dtype, "dims": dims, "optional": True})
-        for name, (dtype, dims) in protocol.OUTPUTS.items():
+        for name, (dtype, dims) in {**protocol.OUTPUTS, **protocol.PERF_OUTPUTS}.items():
             if name not in have_outputs:
                 config.add_output({"name": name, "data_type": dtype, "dims": dims})
         config.set_max_batch_size(0)
@@ -78,11 +82,13 @@ class TritonPythonModel:
         self.loop.stop()
 
     def _enqueue(self, request) -> None:
+        arrival = time.monotonic()
         sender = request.get_response_sender()
         try:
             parsed = protocol.parse_request(lambda name: _input(request, name), self.engine.encode,
                                             self.config.default_max_tokens)
             self.engine.validate(parsed.prompt_ids, parsed.params)
+            self._check_queue()
         except RequestError as exc:
             _send_error(sender, str(exc))
             return
@@ -91,11 +97,18 @@ class TritonPythonModel:
         prefix_text = (parsed.prompt_text or self.engine.tokenizer.decode(parsed.prompt_ids)) if keep_input else ""
         with self._lock:
             self._streams[req_id] = _Stream(sender, parsed.stream, prefix_text,
-                                            parsed.prompt_ids if keep_input else [])
-        self.loop.submit(req_id, parsed.prompt_ids, parsed.params)
+                                            parsed.prompt_ids if keep_input else [], arrival,
+                                            parsed.return_perf_metrics)
+        self.loop.submit(req_id, parsed.prompt_ids, parsed.params, parsed.priority, arrival)
+
+    def _check_queue(self) -> None:
+        limit = self.config.max_queue_size
+        if limit and self.loop.queue_depth() >= limit:
+            raise RequestError(f"queue full: {limit} requests are already waiting (max_queue_size); retry later")
 
     def _emit(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
         """Responder thread: one response per streamed token; one in all for non-streamed requests."""
+        start = time.perf_counter()
         for out in outputs:
             stream = self._streams.get(out.req_id)
             if stream is None:
@@ -103,18 +116,31 @@ class TritonPythonModel:
             if out.finished:
                 with self._lock:
                     del self._streams[out.req_id]
-            if out.error is not None:
-                _send_error(stream.sender, out.error)
-            elif stream.stream:
-                _send(stream.sender, _response(out.text, out.token_ids, out), _FINAL if out.finished else 0)
-            elif out.finished:
-                text = stream.prefix_text + "".join(stream.texts) + out.text
-                _send(stream.sender, _response(text, stream.prefix_ids + stream.ids + out.token_ids, out), _FINAL)
-            else:
-                stream.texts.append(out.text)
-                stream.ids += out.token_ids
-        self.metrics.update(stats)
+            self._deliver(stream, out)
+            self._observe(stream, out)
+        self.metrics.update(stats, time.perf_counter() - start)
         self._poll_cancelled()
+
+    def _deliver(self, stream: _Stream, out: RequestOutput) -> None:
+        if out.error is not None:
+            _send_error(stream.sender, out.error)
+        elif stream.stream:
+            _send(stream.sender, _response(out.text, out.token_ids, out, stream), _FINAL if out.finished else 0)
+        elif out.finished:
+            text = stream.prefix_text + "".join(stream.texts) + out.text
+            ids = stream.prefix_ids + stream.ids + out.token_ids
+            _send(stream.sender, _response(text, ids, out, stream), _FINAL)
+        else:
+            stream.texts.append(out.text)
+            stream.ids += out.token_ids
+
+    def _observe(self, stream: _Stream, out: RequestOutput) -> None:
+        if out.token_ids:
+            first = stream.last_token_time is None
+            self.metrics.observe_token(out.token_time - (stream.arrival if first else stream.last_token_time), first)
+            stream.last_token_time = out.token_time
+        if out.finished:
+            self.metrics.observe_finished(out.finish_reason, time.monotonic() - stream.arrival)
 
     def _poll_cancelled(self) -> None:
         now = time.monotonic()
@@ -133,14 +159,23 @@ def _input(request, name):
     return None if tensor is None else tensor.as_numpy()
 
 
-def _response(text: str, token_ids: list[int], out: RequestOutput):
+def _response(text: str, token_ids: list[int], out: RequestOutput, stream: _Stream):
     tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
                pb_utils.Tensor("output_ids", np.array(token_ids, dtype=np.int32))]
     if out.finished:
         tensors += [pb_utils.Tensor("finish_reason", np.array([out.finish_reason.encode()], dtype=np.object_)),
                     pb_utils.Tensor("num_input_tokens", np.array([out.num_input_tokens], dtype=np.int32)),
                     pb_utils.Tensor("num_output_tokens", np.array([out.num_output_tokens], dtype=np.int32))]
+        if stream.return_perf_metrics and out.times is not None:
+            tensors += _perf_tensors(out.times)
     return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _perf_tensors(times: RequestTimes) -> list:
+    stamps = {"arrival_time_ns": times.arrival, "first_scheduled_time_ns": times.first_scheduled,
+              "first_token_time_ns": times.first_token, "last_token_time_ns": times.last_token}
+    return [pb_utils.Tensor(name, np.array([-1 if t is None else int(t * 1e9)], dtype=np.int64))
+            for name, t in stamps.items()]
 
 
 def _send_error(sender, message: str) -> None:

@@ -27,6 +27,8 @@ INPUTS = {
     "end_id": ("TYPE_INT32", [1]),
     "stop_words": ("TYPE_STRING", [-1]),
     "exclude_input_in_output": ("TYPE_BOOL", [1]),
+    "priority": ("TYPE_INT32", [1]),
+    "return_perf_metrics": ("TYPE_BOOL", [1]),
 }
 ALIASES = {  # TensorRT-LLM's other names -> ours
     "streaming": ("stream", ("TYPE_BOOL", [1])),
@@ -42,6 +44,12 @@ OUTPUTS = {
     "num_input_tokens": ("TYPE_INT32", [1]),
     "num_output_tokens": ("TYPE_INT32", [1]),
 }
+PERF_OUTPUTS = {  # with return_perf_metrics: CLOCK_MONOTONIC nanoseconds of the request's life, on the final response
+    "arrival_time_ns": ("TYPE_INT64", [1]),
+    "first_scheduled_time_ns": ("TYPE_INT64", [1]),
+    "first_token_time_ns": ("TYPE_INT64", [1]),
+    "last_token_time_ns": ("TYPE_INT64", [1]),
+}
 
 
 def all_inputs() -> dict[str, tuple[str, list[int]]]:
@@ -55,6 +63,8 @@ class ParsedRequest:
     params: SamplingParams
     stream: bool
     exclude_input_in_output: bool
+    priority: int = 0
+    return_perf_metrics: bool = False
 
 
 def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str], list[int]],
@@ -94,7 +104,8 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
         stop_words=_strings(get("stop_words")),
     )
     return ParsedRequest(prompt_ids, prompt_text, params, bool(_number(value("stream"), False, bool)),
-                         bool(_number(value("exclude_input_in_output"), False, bool)))
+                         bool(_number(value("exclude_input_in_output"), False, bool)),
+                         _number(value("priority"), 0, int), bool(_number(value("return_perf_metrics"), False, bool)))
 
 
 def _prompt(get, encode) -> tuple[list[int], str | None]:

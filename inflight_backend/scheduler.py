@@ -3,14 +3,19 @@
 There is no prefill or decode phase: each request knows how many of its tokens have K/V in the cache
 (`num_computed_tokens`) and the scheduler hands out the rest under a token budget. A request whose scheduled
 tokens reach its end samples one new token. The scheduler never touches tensors.
+
+Batching policies (how an iteration is filled) and capacity policies (what happens when KV blocks run out)
+are described in README.md; `SchedulerConfig` names them.
 """
 from __future__ import annotations
 
-from collections import deque
+import time
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager, blocks_for
 from .request import Request, RequestStatus
+
+from .config import BATCHING_POLICIES as POLICIES, CAPACITY_POLICIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +23,10 @@ class SchedulerConfig:
     max_batch_size: int  # running sequences
     max_num_tokens: int  # tokens per step
     enable_chunked_prefill: bool = False
+    policy: str = "fused"
+    capacity_policy: str = "guaranteed_no_evict"
+    max_queue_delay_s: float = 0.0  # static: how long a partial batch waits for more requests
+    priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds
 
 
 @dataclass(slots=True)
@@ -26,6 +35,7 @@ class ScheduledRequest:
     num_tokens: int  # tokens computed this step, from request.num_computed_tokens on
     sample: bool  # whether this step's last token for the request yields a new token
     block_table: list[int]
+    is_decode: bool
 
 
 @dataclass(slots=True)
@@ -33,6 +43,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    preempted: list[Request] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -43,19 +54,23 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+def is_decode(request: Request) -> bool:
+    """One generated token left to compute: a decode step (anything else computes prompt or recomputes)."""
+    return bool(request.output_ids) and request.num_uncomputed_tokens == 1
+
+
 class Scheduler:
-    """Fused in-flight batching (ORCA, TensorRT-LLM): one decode token for every running request, then prompt
-    tokens of newly admitted requests (chunked when enabled), in one step under `max_num_tokens`.
-
-    Admission reserves KV blocks for the prompt plus `max_tokens`, so a running request never runs out of
-    blocks (TensorRT-LLM's `guaranteed_no_evict`). Blocks are still taken only as tokens are written.
-    """
-
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        if config.policy not in POLICIES:
+            raise ValueError(f"batching_policy must be one of {POLICIES}, got {config.policy!r}")
+        if config.capacity_policy not in CAPACITY_POLICIES:
+            raise ValueError(f"capacity_policy must be one of {CAPACITY_POLICIES}, got {config.capacity_policy!r}")
         self.config = config
         self.blocks = block_manager
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []  # in admission order: the newest is preempted first
+        self.num_preemptions = 0
+        self._budget = 0
 
     @property
     def num_unfinished(self) -> int:
@@ -73,25 +88,24 @@ class Scheduler:
             self.waiting.remove(request)
         self.blocks.free(request.req_id)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.config.max_num_tokens
-        # Decode tokens first, then unfinished prompt chunks of running requests.
-        for request in sorted(self.running, key=lambda r: r.num_uncomputed_tokens > 1):
-            if budget == 0:
-                break
-            budget -= self._schedule(out, request, min(request.num_uncomputed_tokens, budget))
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
-            request = self.waiting[0]
-            num_tokens = request.num_uncomputed_tokens
-            if num_tokens > budget and not self.config.enable_chunked_prefill:
-                break
-            if not self._can_reserve(request):
-                break
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            budget -= self._schedule(out, request, min(num_tokens, budget))
+        self._budget = self.config.max_num_tokens
+        policy = self.config.policy
+        if policy == "fused":  # ORCA / TensorRT-LLM: decodes, then prompt chunks, then new prompts
+            self._schedule_running(out, decodes=True)
+            self._schedule_running(out, decodes=False)
+            self._admit(out)
+        elif policy == "prefill_first":  # vLLM's original: a step is all prompt or all decode
+            self._schedule_running(out, decodes=False)
+            self._admit(out)
+            if out.is_empty:
+                self._schedule_running(out, decodes=True)
+        elif self.running:  # static: the batch runs to completion before anyone joins
+            self._schedule_running(out, decodes=True)
+            self._schedule_running(out, decodes=False)
+        elif self._static_batch_ready(time.monotonic() if now is None else now):
+            self._admit(out)
         return out
 
     def update(self, output: SchedulerOutput, sampled_ids: list[int]) -> list[Request]:
@@ -105,19 +119,99 @@ class Scheduler:
                 advanced.append(item.request)
         return advanced
 
-    def _schedule(self, out: SchedulerOutput, request: Request, num_tokens: int) -> int:
-        end = request.num_computed_tokens + num_tokens
-        if not self.blocks.allocate(request.req_id, end):
-            raise RuntimeError("KV reservation violated: a running request could not get its blocks")
-        sample = end == request.num_tokens
-        out.scheduled.append(ScheduledRequest(request, num_tokens, sample, self.blocks.block_table(request.req_id)))
-        if request.num_computed_tokens < request.num_prompt_tokens:
-            out.num_prefill_tokens += num_tokens
-        else:
-            out.num_decode_tokens += num_tokens
-        return num_tokens
+    def _schedule_running(self, out: SchedulerOutput, decodes: bool) -> None:
+        for request in list(self.running):
+            if self._budget == 0:
+                return
+            if request.status != RequestStatus.RUNNING or is_decode(request) != decodes:
+                continue  # preempted earlier in this loop, or the other kind
+            if any(item.request is request for item in out.scheduled):
+                continue
+            self._schedule(out, request, min(request.num_uncomputed_tokens, self._budget))
 
-    def _can_reserve(self, request: Request) -> bool:
+    def _admit(self, out: SchedulerOutput) -> None:
+        while self.waiting and self._budget > 0 and len(self.running) < self.config.max_batch_size:
+            request = self._next_waiting()
+            num_tokens = request.num_uncomputed_tokens
+            if num_tokens > self._budget:
+                # A preempted request recomputes in chunks whatever the setting: it may have outgrown the budget.
+                if not (self.config.enable_chunked_prefill or request.num_preemptions):
+                    return
+                num_tokens = self._budget
+            if not self._fits(request, num_tokens):
+                return  # head-of-line: the next request waits its turn rather than overtaking
+            self.waiting.remove(request)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._schedule(out, request, num_tokens)
+
+    def _next_waiting(self) -> Request:
+        """Preempted requests first, then the highest priority (aged, so nobody starves), then arrival order."""
+        now = time.monotonic()
+        aging = self.config.priority_aging_s
+
+        def key(r: Request):
+            return (r.num_preemptions == 0, -(r.priority + (now - r.arrival_time) / aging), r.arrival_time)
+
+        return min(self.waiting, key=key)
+
+    def _fits(self, request: Request, num_tokens: int) -> bool:
+        if self.config.capacity_policy == "max_utilization":  # current need only
+            return self.blocks.num_missing_blocks(request.req_id, request.num_computed_tokens + num_tokens) \
+                <= self.blocks.num_free_blocks
         reserved = sum(self.blocks.num_missing_blocks(r.req_id, r.max_total_tokens) for r in self.running)
         needed = blocks_for(request.max_total_tokens, self.blocks.block_size)
         return needed + reserved <= self.blocks.num_free_blocks
+
+    def _schedule(self, out: SchedulerOutput, request: Request, num_tokens: int) -> None:
+        end = request.num_computed_tokens + num_tokens
+        if not self._allocate(out, request, end):
+            return
+        decode = is_decode(request)
+        out.scheduled.append(ScheduledRequest(request, num_tokens, end == request.num_tokens,
+                                              self.blocks.block_table(request.req_id), decode))
+        if decode:
+            out.num_decode_tokens += num_tokens
+        else:
+            out.num_prefill_tokens += num_tokens
+        self._budget -= num_tokens
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.monotonic()
+
+    def _allocate(self, out: SchedulerOutput, request: Request, num_tokens: int) -> bool:
+        """Blocks for `num_tokens`; under max_utilization, preempt the newest running requests until they fit.
+        False if `request` itself had to be preempted."""
+        while not self.blocks.allocate(request.req_id, num_tokens):
+            if self.config.capacity_policy != "max_utilization":
+                raise RuntimeError("KV reservation violated: a running request could not get its blocks")
+            victim = self.running[-1]
+            self._preempt(out, victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, out: SchedulerOutput, victim: Request) -> None:
+        """Free the victim's blocks and requeue it to recompute its KV later; its tokens so far are kept."""
+        for i, item in enumerate(out.scheduled):
+            if item.request is victim:
+                del out.scheduled[i]
+                self._budget += item.num_tokens
+                if item.is_decode:
+                    out.num_decode_tokens -= item.num_tokens
+                else:
+                    out.num_prefill_tokens -= item.num_tokens
+                break
+        self.running.remove(victim)
+        self.blocks.free(victim.req_id)
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        victim.status = RequestStatus.WAITING
+        self.waiting.append(victim)
+        self.num_preemptions += 1
+        out.preempted.append(victim)
+
+    def _static_batch_ready(self, now: float) -> bool:
+        if not self.waiting:
+            return False
+        oldest = min(r.arrival_time for r in self.waiting)
+        return len(self.waiting) >= self.config.max_batch_size or now - oldest >= self.config.max_queue_delay_s

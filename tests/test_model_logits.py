@@ -10,7 +10,7 @@ from inflight_backend.block_manager import BlockManager
 from inflight_backend.engines.torch_runner import TorchRunner
 from inflight_backend.make_model import TinySpec, make_model
 from inflight_backend.request import Request, SamplingParams
-from inflight_backend.scheduler import ScheduledRequest, SchedulerOutput
+from inflight_backend.scheduler import ScheduledRequest, SchedulerOutput, is_decode
 
 ATOL = 2e-3  # fp32 logits of magnitude ~10-40; observed differences are ~1e-5
 
@@ -21,7 +21,7 @@ def step(runner, bm, items):
     for req, n in items:
         assert bm.allocate(req.req_id, req.num_computed_tokens + n)
         sample = req.num_computed_tokens + n == req.num_tokens
-        out.scheduled.append(ScheduledRequest(req, n, sample, bm.block_table(req.req_id)))
+        out.scheduled.append(ScheduledRequest(req, n, sample, bm.block_table(req.req_id), is_decode(req)))
     logits = runner.execute(out)
     for req, n in items:
         req.num_computed_tokens += n

@@ -43,7 +43,8 @@ def test_bad_input_gets_an_error_and_the_next_request_succeeds(server, model, va
 def test_cancelled_streams_stop_early_and_all_blocks_come_back(server):
     model, port = "llm", server.metrics_port
     generated_before = metric(port, "inflight_generated_tokens_total", model)
-    finished_before = metric(port, "inflight_requests_finished_total", model)
+    cancelled_before = metric(port, "inflight_requests_finished_total", model, reason="cancelled")
+    length_before = metric(port, "inflight_requests_finished_total", model, reason="length")
     results = [None] * 6
 
     def send(i):
@@ -61,9 +62,11 @@ def test_cancelled_streams_stop_early_and_all_blocks_come_back(server):
             assert r.error is None and r.finish_reason == "length" and len(r.ids) == 40
         else:
             assert len(r.ids) >= 3 and not r.final
-    assert wait_for_metric(port, "inflight_requests_finished_total", model, finished_before + 6) == finished_before + 6
+    assert wait_for_metric(port, "inflight_requests_finished_total", model, cancelled_before + 3,
+                           reason="cancelled") == cancelled_before + 3
+    assert metric(port, "inflight_requests_finished_total", model, reason="length") == length_before + 3
     assert wait_for_metric(port, "inflight_kv_blocks_used", model, 0) == 0
-    assert metric(port, "inflight_requests_running", model) == 0
+    assert metric(port, "inflight_requests", model, state="running") == 0
     generated = metric(port, "inflight_generated_tokens_total", model) - generated_before
     assert generated < 3 * 40 + 3 * 100, "cancelled requests kept generating"  # each would run to 1500
     assert grpc_generate(url(server), model, OK).error is None

@@ -106,27 +106,31 @@ def sse_events(body: str) -> list[dict]:
     return [json.loads(line[len("data: "):]) for line in body.splitlines() if line.startswith("data: ")]
 
 
-def metrics(port: int) -> dict[str, float]:
-    """Our custom metrics from the Prometheus endpoint, keyed 'name{labels}'."""
+def metrics(port: int) -> dict[tuple, float]:
+    """Our custom metrics from the Prometheus endpoint, keyed (name, frozenset of label pairs)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     values = {}
     for line in text.splitlines():
         if line.startswith("inflight_"):
             key, value = line.rsplit(" ", 1)
-            values[key] = float(value)
+            name, _, labels = key.partition("{")
+            pairs = frozenset(tuple(p.split("=", 1)) for p in labels.rstrip("}").replace('"', "").split(",") if p)
+            values[(name, pairs)] = float(value)
     return values
 
 
-def metric(port: int, name: str, model: str) -> float:
-    return metrics(port)[f'{name}{{model="{model}"}}']
+def metric(port: int, name: str, model: str, **labels) -> float:
+    """One metric's value; 0 for a labelled series not created yet."""
+    key = (name, frozenset({"model": model, **labels}.items()))
+    return metrics(port).get(key, 0.0)
 
 
-def wait_for_metric(port: int, name: str, model: str, expected: float, timeout: float = 30.0) -> float:
+def wait_for_metric(port: int, name: str, model: str, expected: float, timeout: float = 30.0, **labels) -> float:
     """Metrics are updated after responses are sent; wait (bounded) for the value to settle."""
     deadline = time.monotonic() + timeout
     while True:
-        value = metric(port, name, model)
+        value = metric(port, name, model, **labels)
         if value == expected or time.monotonic() > deadline:
             return value
         time.sleep(0.1)
