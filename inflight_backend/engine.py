@@ -95,6 +95,8 @@ class InflightEngine:
             raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.runner.vocab_size})")
         if params.max_tokens <= 0:
             raise RequestError(f"max_tokens must be > 0, got {params.max_tokens}")
+        if not 0 <= params.min_tokens <= params.max_tokens:
+            raise RequestError(f"min_tokens must be in [0, max_tokens], got {params.min_tokens}")
         if n + params.max_tokens > self.max_model_len:
             raise RequestError(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
                                f"context of {self.max_model_len} tokens")
@@ -161,13 +163,16 @@ class InflightEngine:
         detok = self._detokenizers[request.req_id]
         text = detok.add(token)
         p = request.params
-        if (token == p.end_id) if p.end_id is not None else (token in self.eos_ids):
-            return self._finish(request, RequestStatus.FINISHED_STOPPED, [token], text)
-        if text and p.stop_words and any(w in detok.text[-(len(w) + len(text)):] for w in p.stop_words):
+        if len(request.output_ids) >= p.min_tokens and self._stops(token, text, detok.text, p):
             return self._finish(request, RequestStatus.FINISHED_STOPPED, [token], text)
         if len(request.output_ids) >= p.max_tokens:
             return self._finish(request, RequestStatus.FINISHED_LENGTH, [token], text)
         return RequestOutput(request.req_id, [token], text, token_time=now)
+
+    def _stops(self, token: int, delta: str, text: str, p: SamplingParams) -> bool:
+        if (token == p.end_id) if p.end_id is not None else (token in self.eos_ids):
+            return True
+        return bool(delta) and any(w in text[-(len(w) + len(delta)):] for w in p.stop_words)
 
     def _finish(self, request: Request, status: RequestStatus, token_ids: list[int], text: str) -> RequestOutput:
         self.scheduler.finish(request, status)

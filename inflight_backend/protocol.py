@@ -27,6 +27,7 @@ INPUTS = {
     "end_id": ("TYPE_INT32", [1]),
     "stop_words": ("TYPE_STRING", [-1]),
     "exclude_input_in_output": ("TYPE_BOOL", [1]),
+    "min_tokens": ("TYPE_INT32", [1]),
     "priority": ("TYPE_INT32", [1]),
     "return_perf_metrics": ("TYPE_BOOL", [1]),
 }
@@ -102,6 +103,7 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
         seed=None if seed is None else int(seed),
         end_id=None if end_id is None else int(end_id),
         stop_words=_strings(get("stop_words")),
+        min_tokens=_number(value("min_tokens"), 0, int),
     )
     return ParsedRequest(prompt_ids, prompt_text, params, bool(_number(value("stream"), False, bool)),
                          bool(_number(value("exclude_input_in_output"), False, bool)),

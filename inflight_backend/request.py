@@ -17,6 +17,7 @@ class SamplingParams:
     seed: int | None = None
     end_id: int | None = None  # None: the tokenizer's EOS
     stop_words: tuple[str, ...] = ()
+    min_tokens: int = 0  # end_id and stop words are ignored until this many tokens exist
 
     @property
     def greedy(self) -> bool:

@@ -138,7 +138,7 @@ class Scheduler:
                 if not (self.config.enable_chunked_prefill or request.num_preemptions):
                     return
                 num_tokens = self._budget
-            if not self._fits(request, num_tokens):
+            if not self._fits(request):
                 return  # head-of-line: the next request waits its turn rather than overtaking
             self.waiting.remove(request)
             request.status = RequestStatus.RUNNING
@@ -155,10 +155,11 @@ class Scheduler:
 
         return min(self.waiting, key=key)
 
-    def _fits(self, request: Request, num_tokens: int) -> bool:
-        if self.config.capacity_policy == "max_utilization":  # current need only
-            return self.blocks.num_missing_blocks(request.req_id, request.num_computed_tokens + num_tokens) \
-                <= self.blocks.num_free_blocks
+    def _fits(self, request: Request) -> bool:
+        if self.config.capacity_policy == "max_utilization":
+            # Current need: every token known so far, not just this step's chunk (admitting on the chunk alone
+            # lets a long prompt be admitted, preempted for its next chunk, readmitted... without end).
+            return self.blocks.num_missing_blocks(request.req_id, request.num_tokens) <= self.blocks.num_free_blocks
         reserved = sum(self.blocks.num_missing_blocks(r.req_id, r.max_total_tokens) for r in self.running)
         needed = blocks_for(request.max_total_tokens, self.blocks.block_size)
         return needed + reserved <= self.blocks.num_free_blocks

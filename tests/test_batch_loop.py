@@ -36,7 +36,7 @@ def test_outputs_arrive_on_the_responder_and_blocks_are_returned(tiny_model):
     sink = Collector(expected=3)
     loop = BatchLoop(engine, sink.emit)
     for i in range(3):
-        loop.submit(str(i), [256, 65 + i], SamplingParams(max_tokens=5 + i, end_id=0))
+        loop.submit(str(i), [256, 65 + i], SamplingParams(max_tokens=5 + i, min_tokens=5 + i))
     assert sink.all_final.wait(60)
     loop.stop()
     assert {k: len(v) for k, v in sink.tokens.items()} == {"0": 5, "1": 6, "2": 7}
@@ -49,7 +49,7 @@ def test_stop_ends_every_open_request_as_cancelled(tiny_model):
     sink = Collector(expected=4)
     loop = BatchLoop(engine, sink.emit)
     for i in range(4):
-        loop.submit(str(i), [256, 70 + i], SamplingParams(max_tokens=2000, end_id=0))
+        loop.submit(str(i), [256, 70 + i], SamplingParams(max_tokens=2000, min_tokens=2000))
     assert sink.first_token.wait(60)
     loop.stop()
     assert sink.final == {str(i): "cancelled" for i in range(4)}
@@ -61,7 +61,7 @@ def test_a_duplicate_id_is_rejected_and_cancel_ends_the_original(tiny_model):
     engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256))
     sink = Collector(expected=1)
     loop = BatchLoop(engine, sink.emit)
-    loop.submit("a", [256, 80], SamplingParams(max_tokens=2000, end_id=0))
+    loop.submit("a", [256, 80], SamplingParams(max_tokens=2000, min_tokens=2000))
     loop.submit("a", [256, 81], SamplingParams(max_tokens=3))
     assert sink.all_final.wait(60)  # the duplicate's error
     assert sink.final == {"a": "error"} and "already running" in sink.errors["a"]

@@ -97,7 +97,7 @@ def test_steps_are_shared_and_a_late_request_is_served_at_once(server):
             if len(out.ids) == 5:
                 started.wait()
         results[i] = grpc_generate(url(server), model, {"text_input": f"request {i}", "max_tokens": 300,
-                                                        "stream": True, "end_id": 0}, on_token=on_token)
+                                                        "stream": True, "min_tokens": 300}, on_token=on_token)
 
     threads = [threading.Thread(target=early, args=(i,)) for i in range(7)]
     for t in threads:

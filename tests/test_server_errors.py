@@ -50,7 +50,7 @@ def test_cancelled_streams_stop_early_and_all_blocks_come_back(server):
     def send(i):
         cancel_after = 3 if i % 2 == 0 else None
         results[i] = grpc_generate(url(server), model, {"text_input": f"long {i}", "max_tokens": 1500 if
-                                   cancel_after else 40, "stream": True, "end_id": 0}, cancel_after=cancel_after)
+                                   cancel_after else 40, "min_tokens": 40, "stream": True}, cancel_after=cancel_after)
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
     for t in threads:

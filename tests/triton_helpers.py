@@ -51,8 +51,9 @@ class StreamResult:
 
 
 def grpc_generate(url: str, model: str, values: dict, types: dict | None = None, cancel_after: int | None = None,
-                  timeout: float = 120.0, on_token=None) -> StreamResult:
-    """Send one request on its own gRPC stream and collect every response until the FINAL flag."""
+                  timeout: float = 120.0, on_token=None, cancel_event=None) -> StreamResult:
+    """Send one request on its own gRPC stream and collect every response until the FINAL flag.
+    The stream is cancelled after `cancel_after` tokens, or at the first response after `cancel_event` is set."""
     responses: queue.SimpleQueue = queue.SimpleQueue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: responses.put((result, error, time.monotonic())))
@@ -68,7 +69,8 @@ def grpc_generate(url: str, model: str, values: dict, types: dict | None = None,
             _collect(out, result, when)
             if on_token is not None:
                 on_token(out)
-            if cancel_after is not None and len(out.ids) >= cancel_after and not out.final:
+            stop = cancel_event is not None and cancel_event.is_set()
+            if (stop or cancel_after is not None and len(out.ids) >= cancel_after) and not out.final:
                 client.stop_stream(cancel_requests=True)
                 return out
     finally:

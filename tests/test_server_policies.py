@@ -1,0 +1,149 @@
+"""Every batching and capacity policy through the real server: the same greedy tokens as transformers,
+preemption really happening, metrics during and after load, queue limits."""
+import threading
+import time
+
+import pytest
+
+from inflight_backend.server import TritonServer
+from tests.conftest import Oracle, free_port, model_config, write_repository
+from tests.triton_helpers import grpc_generate, metric, metrics, wait_for_metric
+
+pytestmark = pytest.mark.server
+
+POLICY_MODELS = {  # name: parameters
+    "static": dict(batching_policy="static", max_queue_delay_ms=50, max_batch_size=8, block_size=16),
+    "prefill_first": dict(batching_policy="prefill_first", block_size=32),
+    "fused_chunked": dict(batching_policy="fused", enable_chunked_prefill="true", max_num_tokens=64,
+                          block_size=1, num_kv_blocks=8192),
+    "max_utilization": dict(batching_policy="fused", enable_chunked_prefill="true", max_num_tokens=128,
+                            capacity_policy="max_utilization", block_size=32, num_kv_blocks=24),
+    "queue": dict(max_batch_size=1, max_queue_size=2),
+}
+
+
+@pytest.fixture(scope="module")
+def policy_server(tmp_path_factory, tiny_model):
+    root = tmp_path_factory.mktemp("policy-repo")
+    write_repository(root, {name: model_config(tiny_model, name, **params) for name, params in POLICY_MODELS.items()})
+    log = tmp_path_factory.mktemp("policy-logs") / "tritonserver.log"
+    srv = TritonServer(root, free_port(), free_port(), free_port(), log_file=log)
+    srv.start()
+    yield srv
+    assert srv.stop() == 0, f"tritonserver did not stop cleanly; log: {log}"
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model, oracle_cases):
+    oracle = Oracle(tiny_model)
+    return [oracle.generate(ids, n) for ids, n in oracle_cases]
+
+
+def run_concurrently(server, model, cases):
+    results = [None] * len(cases)
+
+    def send(i):
+        ids, n = cases[i]
+        results[i] = grpc_generate(f"127.0.0.1:{server.grpc_port}", model,
+                                   {"input_ids": ids, "max_tokens": n, "stream": True})
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+        time.sleep(0.01)
+    for t in threads:
+        t.join()
+    return results
+
+
+@pytest.mark.parametrize("model", ["static", "prefill_first", "fused_chunked", "max_utilization"])
+def test_every_policy_gives_the_transformers_tokens(policy_server, expected, oracle_cases, model):
+    port = policy_server.metrics_port
+    samples, done = [], threading.Event()
+
+    def watch():  # what /metrics shows while the load runs
+        while not done.is_set():
+            samples.append(metrics(port))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    results = run_concurrently(policy_server, model, oracle_cases)
+    done.set()
+    watcher.join()
+    assert [r.error for r in results] == [None] * len(results)
+    assert [r.ids for r in results] == expected
+    during = [s for s in samples if s.get(("inflight_requests", frozenset({"model": model, "state": "running"}.items())))]
+    assert during, "no sample saw a running request"
+    assert max(s[("inflight_kv_blocks_used", frozenset({"model": model}.items()))] for s in during) > 0
+    assert wait_for_metric(port, "inflight_kv_blocks_used", model, 0) == 0
+    assert metric(port, "inflight_requests", model, state="running") == 0
+    assert metric(port, "inflight_requests", model, state="waiting") == 0
+    assert metric(port, "inflight_generated_tokens_total", model) == sum(len(e) for e in expected)
+    finished = sum(metric(port, "inflight_requests_finished_total", model, reason=r) for r in ("stop", "length"))
+    assert finished == len(oracle_cases)
+    assert metric(port, "inflight_e2e_request_latency_seconds_count", model) == len(oracle_cases)
+    assert metric(port, "inflight_time_to_first_token_seconds_count", model) == len(oracle_cases)
+    preemptions = metric(port, "inflight_preemptions_total", model)
+    if model == "max_utilization":
+        assert preemptions > 0, "the pool was sized to force preemption"
+    else:
+        assert preemptions == 0
+
+
+def test_perf_metrics_outputs_are_ordered(policy_server):
+    out = grpc_generate(f"127.0.0.1:{policy_server.grpc_port}", "prefill_first",
+                        {"text_input": "timing", "max_tokens": 4, "stream": True, "return_perf_metrics": True})
+    assert out.error is None
+    # The helper keeps only token outputs; ask again without streaming to read the timing tensors directly.
+    import tritonclient.grpc as grpcclient
+    from tests.triton_helpers import infer_inputs
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{policy_server.grpc_port}")
+    got = []
+    client.start_stream(callback=lambda result, error: got.append((result, error)))
+    client.async_stream_infer("prefill_first", infer_inputs({"text_input": "timing", "max_tokens": 4,
+                                                             "return_perf_metrics": True}))
+    deadline = time.monotonic() + 60
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.stop_stream()
+    result, error = got[0]
+    assert error is None
+    stamps = [int(result.as_numpy(name)[0]) for name in
+              ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")]
+    assert all(s > 0 for s in stamps) and stamps == sorted(stamps)
+
+
+def test_queue_full_and_never_fitting_requests_get_errors(policy_server):
+    url = f"127.0.0.1:{policy_server.grpc_port}"
+    first_token, release = threading.Event(), threading.Event()
+    results = {}
+
+    def long_request():
+        results["a"] = grpc_generate(url, "queue", {"text_input": "a", "max_tokens": 2000, "stream": True,
+                                                    "min_tokens": 2000}, on_token=lambda out: first_token.set(),
+                                     cancel_event=release)
+
+    runner = threading.Thread(target=long_request)
+    runner.start()
+    assert first_token.wait(60)  # "a" holds the only running slot
+    queued = [threading.Thread(target=lambda k=k: results.__setitem__(k, grpc_generate(
+        url, "queue", {"text_input": k, "max_tokens": 2, "stream": True}))) for k in ("b", "c")]
+    for t in queued:
+        t.start()
+    deadline = time.monotonic() + 30
+    while metric(policy_server.metrics_port, "inflight_requests", "queue", state="waiting") < 2:
+        assert time.monotonic() < deadline, "b and c never queued"
+        time.sleep(0.02)
+    rejected = grpc_generate(url, "queue", {"text_input": "d", "max_tokens": 2, "stream": True})
+    assert rejected.error is not None and "queue full" in rejected.error
+    never_fits = grpc_generate(url, "max_utilization", {"input_ids": [1] * 700, "max_tokens": 100})
+    assert never_fits.error is not None and "KV blocks" in never_fits.error
+    release.set()  # cancel "a": "b" and "c" run
+    for t in [runner, *queued]:
+        t.join()
+    assert results["a"].error is None and len(results["a"].ids) < 2000
+    assert all(results[k].error is None and len(results[k].ids) == 2 for k in "bc")
+    assert grpc_generate(url, "queue", {"text_input": "e", "max_tokens": 2, "stream": True}).error is None
+    assert grpc_generate(url, "max_utilization", {"text_input": "f", "max_tokens": 2}).error is None
