@@ -30,7 +30,8 @@ def run(engine, cases, arrive_at_step):
     return [results[str(i)] for i in range(len(cases))], step
 
 
-@pytest.mark.parametrize("block_size, attention", [(16, "native"), (3, "native"), (16, "torch"), (1, "torch")])
+@pytest.mark.parametrize("block_size, attention", [(16, "native"), (3, "native"), (64, "native"), (16, "torch"),
+                                                 (1, "torch")])
 def test_greedy_tokens_match_transformers_with_staggered_arrivals(setup, oracle_cases, block_size, attention):
     path, expected = setup
     engine = InflightEngine(EngineConfig(checkpoint=path, block_size=block_size, num_kv_blocks=2048 // block_size * 8,
