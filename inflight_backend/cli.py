@@ -119,6 +119,7 @@ def _add_make_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-position-embeddings", type=int, default=defaults.max_position_embeddings)
     p.add_argument("--rope-theta", type=float, default=defaults.rope_theta)
     p.add_argument("--tie-word-embeddings", action="store_true")
+    p.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
     p.add_argument("--shards", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--if-missing", action="store_true", help="do nothing when OUT_DIR/config.json exists")
@@ -131,7 +132,8 @@ def _make_model(args) -> int:
     if args.if_missing and (Path(args.out_dir) / "config.json").exists():
         return 0
     spec = TinySpec(args.hidden_size, args.intermediate_size, args.layers, args.heads, args.kv_heads,
-                    args.max_position_embeddings, args.rope_theta, args.tie_word_embeddings, args.seed, args.shards)
+                    args.max_position_embeddings, args.rope_theta, args.tie_word_embeddings, args.seed, args.shards,
+                    args.vocab_size)
     print(f"inflight: wrote {make_model(args.out_dir, spec)}")
     return 0
 

@@ -19,6 +19,8 @@ VOCAB_SIZE = 258
 
 @dataclass(frozen=True)
 class TinySpec:
+    """Sizes of a generated checkpoint (defaults: the project's default tiny model)."""
+
     hidden_size: int = 128
     intermediate_size: int = 344
     num_hidden_layers: int = 2
@@ -29,6 +31,7 @@ class TinySpec:
     tie_word_embeddings: bool = False
     seed: int = 0
     num_shards: int = 1
+    vocab_size: int = VOCAB_SIZE  # ids past the 258 byte-level ones are special `<extra_i>` tokens
 
 
 def make_model(out_dir: str, spec: TinySpec = TinySpec()) -> str:
@@ -37,13 +40,13 @@ def make_model(out_dir: str, spec: TinySpec = TinySpec()) -> str:
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(_hf_config(spec), f, indent=2)
     _save_weights(out_dir, _random_weights(spec), spec.num_shards)
-    byte_level_tokenizer().save(os.path.join(out_dir, "tokenizer.json"))
+    byte_level_tokenizer(spec.vocab_size).save(os.path.join(out_dir, "tokenizer.json"))
     return out_dir
 
 
 def _hf_config(spec: TinySpec) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB_SIZE,
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": spec.vocab_size,
         "hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
         "num_hidden_layers": spec.num_hidden_layers, "num_attention_heads": spec.num_attention_heads,
         "num_key_value_heads": spec.num_key_value_heads, "head_dim": spec.hidden_size // spec.num_attention_heads,
@@ -67,7 +70,7 @@ def _random_weights(spec: TinySpec) -> dict[str, torch.Tensor]:
     def normal(*shape, std):
         return torch.randn(*shape, generator=gen) * std
 
-    weights = {"model.embed_tokens.weight": normal(VOCAB_SIZE, h, std=1.0)}
+    weights = {"model.embed_tokens.weight": normal(spec.vocab_size, h, std=1.0)}
     for layer in range(spec.num_hidden_layers):
         prefix = f"model.layers.{layer}."
         for name, shape in shapes.items():
@@ -78,7 +81,7 @@ def _random_weights(spec: TinySpec) -> dict[str, torch.Tensor]:
         weights[prefix + "post_attention_layernorm.weight"] = 1 + normal(h, std=0.1)
     weights["model.norm.weight"] = 1 + normal(h, std=0.1)
     if not spec.tie_word_embeddings:
-        weights["lm_head.weight"] = normal(VOCAB_SIZE, h, std=1.0)
+        weights["lm_head.weight"] = normal(spec.vocab_size, h, std=1.0)
     return weights
 
 
@@ -113,11 +116,11 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def byte_level_tokenizer() -> Tokenizer:
+def byte_level_tokenizer(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
     vocab = {char: byte for byte, char in _bytes_to_unicode().items()}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(["<s>", "</s>"])
+    tokenizer.add_special_tokens(["<s>", "</s>"] + [f"<extra_{i}>" for i in range(vocab_size - VOCAB_SIZE)])
     tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS_ID)])
     return tokenizer

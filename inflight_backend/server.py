@@ -141,8 +141,10 @@ class TritonServer:
     def _log_hint(self) -> str:
         if not self.log_file or not self.log_file.exists():
             return ""
-        tail = self.log_file.read_text(errors="replace").splitlines()[-25:]
-        return "\n--- server log (last lines) ---\n" + "\n".join(tail)
+        lines = self.log_file.read_text(errors="replace").splitlines()
+        errors = [line for line in lines if line.startswith("E1") or "Error" in line][:10]
+        return ("\n--- server log: errors ---\n" + "\n".join(errors) +
+                "\n--- server log: last lines ---\n" + "\n".join(lines[-15:]))
 
     def __enter__(self) -> "TritonServer":
         return self.start()

@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import random
-import re
 import socket
-from pathlib import Path
 
 import pytest
 import torch
 
 from inflight_backend.make_model import TinySpec, make_model
-from inflight_backend.server import PROJECT_ROOT, TritonServer
+from inflight_backend.repository import model_config as _model_config
+from inflight_backend.repository import write_repository  # noqa: F401 (re-exported for the tests)
+from inflight_backend.server import TritonServer
 
 # The second checkpoint differs in every size, uses grouped-query attention and is sharded.
 GQA_SPEC = TinySpec(hidden_size=192, intermediate_size=512, num_hidden_layers=3, num_attention_heads=6,
@@ -72,23 +72,8 @@ def free_port() -> int:
 
 
 def model_config(checkpoint: str, name: str, **params) -> str:
-    """The shipped model_repository/llm/config.pbtxt with its name, checkpoint and given parameters replaced."""
-    text = (PROJECT_ROOT / "model_repository" / "llm" / "config.pbtxt").read_text()
-    text = text.replace('name: "llm"', f'name: "{name}"')
-    for key, value in {"checkpoint": checkpoint, "dtype": "float32", **params}.items():
-        line = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
-        pattern = rf'parameters \{{ key: "{key}" value: \{{ string_value: "[^"]*" \}} \}}'
-        text, count = re.subn(pattern, line.replace("\\", "\\\\"), text)
-        if not count:
-            text += line + "\n"
-    return text
-
-
-def write_repository(root: Path, models: dict[str, str]) -> Path:
-    for name, config in models.items():
-        (root / name / "1").mkdir(parents=True, exist_ok=True)
-        (root / name / "config.pbtxt").write_text(config)
-    return root
+    """Test models run in float32, so they match transformers' fp32 reference."""
+    return _model_config(checkpoint, name, **{"dtype": "float32", **params})
 
 
 @pytest.fixture(scope="session")

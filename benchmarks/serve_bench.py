@@ -1,0 +1,114 @@
+"""Serving benchmark: several systems, one checkpoint, one workload, one run.
+
+    .venv/bin/python -m benchmarks.serve_bench --checkpoint build/models/bench-small \\
+        --workload build/bench/workload.jsonl --mode saturation \\
+        --targets engine:static engine:prefill_first engine:fused engine:fused+chunked triton:fused hf:static hf:batch
+
+Targets: `engine:POLICY[+chunked]` (in-process), `triton:POLICY[+chunked]` (a real tritonserver, gRPC streaming),
+`hf:static` (transformers `generate`, static batches), `hf:batch` (transformers' continuous batching).
+Modes: `saturation` (everything arrives at once), `poisson --rates R ...` (open loop, requests/s),
+`concurrency --concurrency N ...` (closed loop). TTFT counts from each request's scheduled arrival.
+Writes every run's metrics as JSON (`--out`) and prints a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import targets as T  # noqa: E402
+from benchmarks.records import summarize  # noqa: E402
+from benchmarks.workload import load  # noqa: E402
+
+
+def make_target(spec: str, args, workdir: Path):
+    system, _, policy = spec.partition(":")
+    if system == "hf":
+        cls = {"static": T.HFStaticTarget, "batch": T.HFContinuousTarget}[policy]
+        return cls(args.checkpoint, args.max_batch_size)
+    name, _, chunked = policy.partition("+")
+    params = dict(batching_policy=name, enable_chunked_prefill=bool(chunked), max_batch_size=args.max_batch_size,
+                  max_num_tokens=args.max_num_tokens, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                  max_queue_delay_ms=args.max_queue_delay_ms)
+    if system == "engine":
+        return T.EngineTarget(args.checkpoint, **params)
+    if system == "triton":
+        params["enable_chunked_prefill"] = str(bool(chunked)).lower()
+        return T.TritonTarget(args.checkpoint, workdir / spec.replace(":", "-").replace("+", "-"), **params)
+    raise SystemExit(f"unknown target {spec!r}")
+
+
+def arrival_sets(args, n: int):
+    """(label, arrivals, concurrency) for each load point of the chosen mode."""
+    if args.mode == "saturation":
+        return [("saturation", [0.0] * n, None)]
+    if args.mode == "concurrency":
+        return [(f"concurrency={c}", [0.0] * n, c) for c in args.concurrency]
+    points = []
+    for rate in args.rates:
+        rng, t, arrivals = random.Random(args.seed), 0.0, []
+        for _ in range(n):
+            t += rng.expovariate(rate)
+            arrivals.append(t)
+        points.append((f"rate={rate:g}/s", arrivals, None))
+    return points
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--workload", required=True)
+    parser.add_argument("--targets", nargs="+", required=True)
+    parser.add_argument("--mode", choices=["saturation", "poisson", "concurrency"], default="saturation")
+    parser.add_argument("--rates", type=float, nargs="+", default=[1.0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8])
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--max-num-tokens", type=int, default=2048)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-kv-blocks", type=int, default=0)
+    parser.add_argument("--max-queue-delay-ms", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=4, help="requests run (and discarded) before measuring")
+    parser.add_argument("--out", help="write all runs as JSON here")
+    args = parser.parse_args(argv)
+    items = load(args.workload)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="inflight-bench-") as tmp:
+        for spec in args.targets:
+            target = make_target(spec, args, Path(tmp))
+            try:
+                target.run(items[: args.warmup], [0.0] * args.warmup)
+                for label, arrivals, concurrency in arrival_sets(args, len(items)):
+                    records, extra = target.run(items, arrivals, concurrency)
+                    runs.append({"target": spec, "load": label, **summarize(records, extra),
+                                 "timeline": getattr(target, "timeline", [])})
+                    print(f"{spec:24s} {label:16s} {runs[-1]['output_tokens_per_s']:9.1f} tok/s", file=sys.stderr)
+            finally:
+                if hasattr(target, "stop"):
+                    target.stop()
+    print(table(runs))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
+    return runs
+
+
+def table(runs: list[dict]) -> str:
+    head = ("| target | load | out tok/s | req/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | E2E p99 (s) | "
+            "overhead | preempt |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows = [f"| {r['target']} | {r['load']} | {r['output_tokens_per_s']:.1f} | {r['requests_per_s']:.2f} | "
+            f"{r['ttft_p50_s']:.2f} / {r['ttft_p99_s']:.2f} | {r['itl_p50_s'] * 1e3:.1f} / {r['itl_p99_s'] * 1e3:.1f} | "
+            f"{r['e2e_p99_s']:.2f} | {_pct(r.get('overhead_fraction'))} | {r.get('preemptions', '')} |" for r in runs]
+    return "\n".join([head, *rows])
+
+
+def _pct(x) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
+
+
+if __name__ == "__main__":
+    main()

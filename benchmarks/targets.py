@@ -1,0 +1,274 @@
+"""Systems under test, all driven by the same workload and arrival times and recording per-token times.
+
+- EngineTarget: our engine in-process (the batch loop's threads, no server), any batching policy.
+- TritonTarget: our backend through a real tritonserver, one gRPC stream carrying every request.
+- HFStaticTarget: Hugging Face `generate` on static left-padded batches (request-level batching).
+- HFContinuousTarget: Hugging Face's own continuous batching (`generate_batch`'s manager).
+
+`run(items, arrivals, concurrency)` submits item i at `arrivals[i]` seconds after the start (open loop), or,
+with `concurrency`, whenever fewer than that many are in flight (closed loop); it returns the records and a
+dict of extra metrics.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.records import RequestRecord
+from benchmarks.workload import WorkItem
+from inflight_backend.batch_loop import BatchLoop
+from inflight_backend.config import EngineConfig
+from inflight_backend.engine import InflightEngine
+from inflight_backend.request import SamplingParams
+
+
+class Submitter:
+    """Open-loop (scheduled arrivals) or closed-loop (fixed concurrency) submission from the calling thread."""
+
+    def __init__(self, records: list[RequestRecord], concurrency: int | None) -> None:
+        self.records = records
+        self.slots = threading.Semaphore(concurrency) if concurrency else None
+        self.remaining = len(records)
+        self.all_done = threading.Event()
+        self.t0 = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def run(self, submit) -> None:
+        self.t0 = time.perf_counter()
+        for i, record in enumerate(self.records):
+            if self.slots is not None:
+                self.slots.acquire()
+                record.arrival = self.now()
+            else:
+                delay = record.arrival - self.now()
+                if delay > 0:
+                    time.sleep(delay)
+            submit(i)
+        self.all_done.wait()
+
+    def token(self, i: int, when: float | None = None) -> None:
+        self.records[i].token_times.append(self.now() if when is None else when)
+
+    def finished(self) -> None:
+        if self.slots is not None:
+            self.slots.release()
+        self.remaining -= 1  # only the single delivering thread calls this
+        if self.remaining == 0:
+            self.all_done.set()
+
+
+def new_records(items: list[WorkItem], arrivals: list[float]) -> list[RequestRecord]:
+    return [RequestRecord(a, len(it.prompt_ids), it.output_len) for it, a in zip(items, arrivals)]
+
+
+class EngineTarget:
+    def __init__(self, checkpoint: str, **params) -> None:
+        self.engine = InflightEngine(EngineConfig(checkpoint=checkpoint, dtype="float32", **params))
+        self.timeline: list[tuple] = []
+
+    def run(self, items, arrivals, concurrency=None):
+        records = new_records(items, arrivals)
+        sub = Submitter(records, concurrency)
+        self.timeline = []
+        before = _copy_stats(self.engine)
+
+        def emit(outputs, stats):
+            for out in outputs:
+                if out.token_ids:
+                    sub.token(int(out.req_id))
+                if out.finished:
+                    sub.finished()
+            self.timeline.append((sub.now(), stats.last_step_prefill_tokens, stats.last_step_decode_tokens,
+                                  stats.num_running, stats.num_waiting))
+
+        loop = BatchLoop(self.engine, emit)
+        try:
+            sub.run(lambda i: loop.submit(str(i), items[i].prompt_ids, _forced(items[i].output_len)))
+        finally:
+            loop.stop()
+        return records, _engine_extra(self.engine, before)
+
+
+def _forced(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, min_tokens=n)
+
+
+def _copy_stats(engine):
+    import copy
+
+    return copy.copy(engine.stats)
+
+
+def _engine_extra(engine, before) -> dict:
+    s = engine.stats
+    schedule = s.schedule_seconds - before.schedule_seconds
+    model = s.model_seconds - before.model_seconds
+    sample = s.sample_seconds - before.sample_seconds
+    steps = s.num_steps - before.num_steps
+    pool_tokens = engine.blocks.num_blocks * engine.blocks.block_size
+    return {"steps": steps, "overhead_fraction": (schedule + sample) / max(schedule + model + sample, 1e-9),
+            "kv_token_utilisation": (s.kv_tokens_used_sum - before.kv_tokens_used_sum) / max(steps * pool_tokens, 1),
+            "preemptions": s.num_preemptions - before.num_preemptions}
+
+
+class TritonTarget:
+    """Starts its own tritonserver serving the checkpoint with `params`; stop() shuts it down."""
+
+    def __init__(self, checkpoint: str, workdir: str | Path, **params) -> None:
+        from inflight_backend.repository import model_config, write_repository
+        from inflight_backend.server import TritonServer
+        from tests.conftest import free_port
+
+        repo = write_repository(Path(workdir) / "repo", {"bench": model_config(checkpoint, "bench", dtype="float32",
+                                                                                 **params)})
+        self.server = TritonServer(repo, free_port(), free_port(), free_port(),
+                                   log_file=Path(workdir) / "tritonserver.log").start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def run(self, items, arrivals, concurrency=None):
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        records = new_records(items, arrivals)
+        sub = Submitter(records, concurrency)
+        before = self._phase_seconds()
+
+        def callback(result, error):
+            if error is not None:
+                raise RuntimeError(str(error))
+            response = result.get_response()
+            i = int(response.id)
+            ids = result.as_numpy("output_ids")
+            if ids is not None and ids.size:
+                sub.token(i)
+            if response.parameters["triton_final_response"].bool_param:
+                sub.finished()
+
+        def tensor(name, array, kind):
+            t = grpcclient.InferInput(name, list(array.shape), kind)
+            t.set_data_from_numpy(array)
+            return t
+
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{self.server.grpc_port}")
+        client.start_stream(callback=callback)
+
+        def submit(i):
+            n = np.array([items[i].output_len], dtype=np.int32)
+            inputs = [tensor("input_ids", np.array(items[i].prompt_ids, dtype=np.int32), "INT32"),
+                      tensor("max_tokens", n, "INT32"), tensor("min_tokens", n, "INT32"),
+                      tensor("stream", np.array([True]), "BOOL")]
+            client.async_stream_infer("bench", inputs, request_id=str(i), enable_empty_final_response=True)
+
+        try:
+            sub.run(submit)
+        finally:
+            client.stop_stream()
+            client.close()
+        after = self._phase_seconds()
+        spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        busy = spent.get("schedule", 0) + spent.get("model", 0) + spent.get("sample", 0)
+        overhead = spent.get("schedule", 0) + spent.get("sample", 0) + spent.get("respond", 0)
+        return records, {"overhead_fraction": overhead / max(busy, 1e-9)}
+
+    def _phase_seconds(self) -> dict[str, float]:
+        from tests.triton_helpers import metrics
+
+        values = metrics(self.server.metrics_port)
+        return {dict(labels)["phase"]: v for (name, labels), v in values.items()
+                if name == "inflight_step_seconds_total"}
+
+
+class HFStaticTarget:
+    """Request-level batching: up to `max_batch_size` arrived requests run to completion together."""
+
+    def __init__(self, checkpoint: str, max_batch_size: int) -> None:
+        from transformers import LlamaForCausalLM
+
+        self.model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        self.max_batch_size = max_batch_size
+
+    @torch.inference_mode()
+    def run(self, items, arrivals, concurrency=None):
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        records = new_records(items, arrivals)
+        t0 = time.perf_counter()
+        step_times: list[float] = []
+
+        class Recorder(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                step_times.append(time.perf_counter() - t0)
+                return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+        next_i = 0
+        while next_i < len(items):
+            now = time.perf_counter() - t0
+            if records[next_i].arrival > now:
+                time.sleep(records[next_i].arrival - now)
+                now = time.perf_counter() - t0
+            batch = [i for i in range(next_i, min(next_i + self.max_batch_size, len(items)))
+                     if records[i].arrival <= now]
+            step_times.clear()
+            self._generate([items[i] for i in batch], StoppingCriteriaList([Recorder()]))
+            for i in batch:
+                records[i].token_times = step_times[: items[i].output_len]
+            next_i = batch[-1] + 1
+        return records, {}
+
+    def _generate(self, batch: list[WorkItem], stopping) -> None:
+        width = max(len(it.prompt_ids) for it in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, it in enumerate(batch):  # left padding
+            ids[row, width - len(it.prompt_ids):] = torch.tensor(it.prompt_ids)
+            mask[row, width - len(it.prompt_ids):] = 1
+        n = max(it.output_len for it in batch)
+        self.model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                            pad_token_id=0, stopping_criteria=stopping)
+
+
+class HFContinuousTarget:
+    """Hugging Face transformers' own continuous batching with paged attention (what `generate_batch` runs)."""
+
+    def __init__(self, checkpoint: str, max_batch_size: int) -> None:
+        from transformers import LlamaForCausalLM
+
+        self.model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        self.max_batch_size = max_batch_size
+
+    def run(self, items, arrivals, concurrency=None):
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        records = new_records(items, arrivals)
+        config = GenerationConfig(max_new_tokens=max(it.output_len for it in items), do_sample=False)
+        manager = self.model.init_continuous_batching(
+            generation_config=config,
+            continuous_batching_config=ContinuousBatchingConfig(max_requests_per_batch=self.max_batch_size))
+        manager.start()
+        t0 = time.perf_counter()
+        try:
+            for i, it in enumerate(items):
+                delay = records[i].arrival - (time.perf_counter() - t0)
+                if delay > 0:
+                    time.sleep(delay)
+                manager.add_request(it.prompt_ids, request_id=str(i), max_new_tokens=it.output_len,
+                                    record_timestamps=True, eos_token_id=-1)
+            pending = len(items)
+            while pending:
+                out = manager.get_result(timeout=600)
+                if out is None:
+                    raise RuntimeError("transformers' continuous batching stopped without finishing")
+                if out.is_finished():
+                    i = int(out.request_id)
+                    records[i].token_times = [t - t0 for t in (out.timestamps or [])][: items[i].output_len]
+                    pending -= 1
+        finally:
+            manager.stop(block=True)
+        return records, {}
