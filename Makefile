@@ -11,7 +11,7 @@ METRICS_PORT ?= 8002
 MODEL_DIR := build/models/tiny-llama
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps venv native model serve test clean
+.PHONY: setup system-deps venv native model serve test clean bench-deps bench-models bench-quick bench-attention
 
 setup: venv native model
 
@@ -46,6 +46,26 @@ serve: setup
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Benchmarks (see docs/PERFORMANCE.md); the quick run fits in a few minutes on 2 cores.
+bench-deps: venv
+	$(BIN)/python -m pip install -q -r requirements-bench.txt
+
+bench-models: venv
+	$(BIN)/inflight make-model build/models/bench-small --hidden-size 256 --intermediate-size 688 --layers 4 \
+	  --heads 4 --kv-heads 2 --if-missing
+	$(BIN)/inflight make-model build/models/bench-medium --hidden-size 512 --intermediate-size 1376 --layers 8 \
+	  --heads 8 --kv-heads 2 --vocab-size 32000 --if-missing
+
+bench-quick: setup bench-deps bench-models
+	$(BIN)/python -m benchmarks.workload --num-requests 48 --out build/bench/quick.jsonl
+	$(BIN)/python -m benchmarks.serve_bench --checkpoint build/models/bench-small --workload build/bench/quick.jsonl \
+	  --max-batch-size 16 --targets engine:static engine:prefill_first engine:fused engine:fused+chunked \
+	  triton:fused hf:static hf:batch --out benchmarks/results/quick.json
+	$(BIN)/python -m benchmarks.plots benchmarks/results/quick.json --out benchmarks/results
+
+bench-attention: native
+	$(BIN)/python benchmarks/attention.py
 
 clean:
 	rm -rf build

@@ -121,8 +121,7 @@ class TritonTarget:
 
     def __init__(self, checkpoint: str, workdir: str | Path, **params) -> None:
         from inflight_backend.repository import model_config, write_repository
-        from inflight_backend.server import TritonServer
-        from tests.conftest import free_port
+        from inflight_backend.server import TritonServer, free_port
 
         repo = write_repository(Path(workdir) / "repo", {"bench": model_config(checkpoint, "bench", dtype="float32",
                                                                                  **params)})
@@ -178,9 +177,9 @@ class TritonTarget:
         return records, {"overhead_fraction": overhead / max(busy, 1e-9)}
 
     def _phase_seconds(self) -> dict[str, float]:
-        from tests.triton_helpers import metrics
+        from inflight_backend.server import read_metrics
 
-        values = metrics(self.server.metrics_port)
+        values = read_metrics(self.server.metrics_port)
         return {dict(labels)["phase"]: v for (name, labels), v in values.items()
                 if name == "inflight_step_seconds_total"}
 

@@ -18,6 +18,13 @@ def main(argv: list[str] | None = None) -> int:
     _add_serve(commands.add_parser("serve", help="start tritonserver with the inflight backend"))
     _add_generate(commands.add_parser("generate", help="stream a completion over gRPC"))
     _add_make_model(commands.add_parser("make-model", help="write a tiny random Llama checkpoint"))
+    bench = commands.add_parser("bench", help="serving benchmark (benchmarks/serve_bench.py; --help there)",
+                                add_help=False)
+    bench.set_defaults(run=None)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -104,6 +111,14 @@ def _print_stream(results: queue.SimpleQueue) -> int:
                 print(f"\n[finish_reason={reason[0].decode()} prompt_tokens={int(counts[0][0])} "
                       f"completion_tokens={int(counts[1][0])}]", file=sys.stderr)
             return 0
+
+
+def _bench(argv: list[str]) -> int:
+    sys.path.insert(0, str(PROJECT_ROOT))
+    from benchmarks.serve_bench import main as bench_main
+
+    bench_main(argv)
+    return 0
 
 
 def _add_make_model(p: argparse.ArgumentParser) -> None:

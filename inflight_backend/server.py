@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,27 @@ from .paths import BUILD_DIR, PROJECT_ROOT
 
 class ServerError(RuntimeError):
     pass
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_metrics(port: int, prefix: str = "inflight_") -> dict[tuple[str, frozenset], float]:
+    """Prometheus metrics from the server's metrics port, keyed (name, frozenset of label pairs)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            key, value = line.rsplit(" ", 1)
+            name, _, labels = key.partition("{")
+            pairs = frozenset(tuple(p.split("=", 1)) for p in labels.rstrip("}").replace('"', "").split(",") if p)
+            values[(name, pairs)] = float(value)
+    return values
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import random
-import socket
 
 import pytest
 import torch
@@ -10,7 +9,7 @@ import torch
 from inflight_backend.make_model import TinySpec, make_model
 from inflight_backend.repository import model_config as _model_config
 from inflight_backend.repository import write_repository  # noqa: F401 (re-exported for the tests)
-from inflight_backend.server import TritonServer
+from inflight_backend.server import TritonServer, free_port  # noqa: F401 (free_port re-exported)
 
 # The second checkpoint differs in every size, uses grouped-query attention and is sharded.
 GQA_SPEC = TinySpec(hidden_size=192, intermediate_size=512, num_hidden_layers=3, num_attention_heads=6,
@@ -63,12 +62,6 @@ def oracle_cases():
         ids = [256] + list(text)  # BOS + bytes: the byte-level tokenizer's encoding, cut at any byte
         cases.append((ids, m))
     return cases
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def model_config(checkpoint: str, name: str, **params) -> str:

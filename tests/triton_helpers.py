@@ -12,6 +12,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from inflight_backend.protocol import all_inputs
+from inflight_backend.server import read_metrics
 
 _NUMPY = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_BOOL": np.bool_, "TYPE_FP32": np.float32,
           "TYPE_UINT64": np.uint64, "TYPE_INT64": np.int64}
@@ -109,17 +110,7 @@ def sse_events(body: str) -> list[dict]:
 
 
 def metrics(port: int) -> dict[tuple, float]:
-    """Our custom metrics from the Prometheus endpoint, keyed (name, frozenset of label pairs)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line.startswith("inflight_"):
-            key, value = line.rsplit(" ", 1)
-            name, _, labels = key.partition("{")
-            pairs = frozenset(tuple(p.split("=", 1)) for p in labels.rstrip("}").replace('"', "").split(",") if p)
-            values[(name, pairs)] = float(value)
-    return values
+    return read_metrics(port)
 
 
 def metric(port: int, name: str, model: str, **labels) -> float:
