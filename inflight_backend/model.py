@@ -23,6 +23,7 @@ from inflight_backend.stats import EngineStats
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _CANCEL_POLL_S = 0.05
+_METRICS_INTERVAL_S = 0.2  # each metric update is an IPC round trip: publish stats at most this often
 
 
 @dataclass(slots=True)
@@ -67,7 +68,10 @@ class TritonPythonModel:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._last_poll = 0.0
-        self.loop = BatchLoop(self.engine, self._emit, on_idle=self._poll_cancelled)
+        self._last_publish = 0.0
+        self._unpublished: EngineStats | None = None
+        self._respond_seconds = 0.0
+        self.loop = BatchLoop(self.engine, self._emit, on_idle=self._on_idle)
         pb_utils.Logger.log_info(
             f"inflight: model {args['model_name']} ready: {self.config} on {self.config.resolved_device()}, "
             f"{self.engine.blocks.num_blocks} KV blocks of {self.config.block_size} tokens, "
@@ -118,8 +122,21 @@ class TritonPythonModel:
                     del self._streams[out.req_id]
             self._deliver(stream, out)
             self._observe(stream, out)
-        self.metrics.update(stats, time.perf_counter() - start)
+        self._respond_seconds += time.perf_counter() - start
+        self._unpublished = stats
+        if time.monotonic() - self._last_publish >= _METRICS_INTERVAL_S or not self._streams:
+            self._publish_metrics()
         self._poll_cancelled()
+
+    def _on_idle(self) -> None:
+        if self._unpublished is not None:
+            self._publish_metrics()
+        self._poll_cancelled()
+
+    def _publish_metrics(self) -> None:
+        self.metrics.update(self._unpublished, self._respond_seconds)
+        self._unpublished, self._respond_seconds = None, 0.0
+        self._last_publish = time.monotonic()
 
     def _deliver(self, stream: _Stream, out: RequestOutput) -> None:
         if out.error is not None:
