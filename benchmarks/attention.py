@@ -4,13 +4,13 @@
 
 Head size 64, 8 query heads / 2 KV heads, block size 16, fp32, block tables in random physical order. The
 memory-bandwidth floor is the bytes of K and V one decode step reads divided by the copy bandwidth measured
-here (STREAM convention: bytes read + bytes written per second by a large tensor copy).
+here (STREAM convention: bytes read + bytes written per second by a large tensor copy). Every figure is the
+best of --repeat runs (the least disturbed by other load on a shared machine), bandwidth included.
 """
 from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,10 +48,10 @@ def seconds(fn, repeat: int) -> float:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
-def copy_bandwidth(num_bytes: int = 512 << 20, repeat: int = 5) -> float:
+def copy_bandwidth(num_bytes: int = 512 << 20, repeat: int = 9) -> float:
     src = torch.empty(num_bytes // 4, dtype=torch.float32).normal_()
     dst = torch.empty_like(src)
     return 2 * num_bytes / seconds(lambda: dst.copy_(src), repeat)

@@ -100,11 +100,18 @@ inline void accumulate(const float* const* rows, int n, const float* scores, int
                        float*) {
   for (int g = 0; g < group; ++g) {
     float* __restrict a = acc + g * D;
-    for (int i = 0; i < n; ++i) {
-      const float w = scores[g * kChunk + i];
+    const float* w = scores + g * kChunk;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {  // four keys per pass over the accumulator: a quarter of its loads and stores
+      const float *__restrict v0 = rows[i], *__restrict v1 = rows[i + 1], *__restrict v2 = rows[i + 2],
+                  *__restrict v3 = rows[i + 3];
+#pragma omp simd
+      for (int d = 0; d < D; ++d) a[d] += (w[i] * v0[d] + w[i + 1] * v1[d]) + (w[i + 2] * v2[d] + w[i + 3] * v3[d]);
+    }
+    for (; i < n; ++i) {
       const float* __restrict v = rows[i];
 #pragma omp simd
-      for (int d = 0; d < D; ++d) a[d] += w * v[d];
+      for (int d = 0; d < D; ++d) a[d] += w[i] * v[d];
     }
   }
 }
