@@ -31,8 +31,9 @@ def make_target(spec: str, args, workdir: Path):
         cls = {"static": T.HFStaticTarget, "batch": T.HFContinuousTarget}[policy]
         return cls(args.checkpoint, args.max_batch_size)
     name, _, chunked = policy.partition("+")
+    budget = args.chunked_max_num_tokens if chunked else args.max_num_tokens
     params = dict(batching_policy=name, enable_chunked_prefill=bool(chunked), max_batch_size=args.max_batch_size,
-                  max_num_tokens=args.max_num_tokens, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                  max_num_tokens=budget, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                   max_queue_delay_ms=args.max_queue_delay_ms)
     if system == "engine":
         return T.EngineTarget(args.checkpoint, **params)
@@ -68,6 +69,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8])
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-num-tokens", type=int, default=2048)
+    parser.add_argument("--chunked-max-num-tokens", type=int, default=256,
+                        help="token budget per step for +chunked targets (SplitFuse's fixed-size iterations)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-kv-blocks", type=int, default=0)
     parser.add_argument("--max-queue-delay-ms", type=float, default=10.0)
