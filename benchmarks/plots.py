@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -51,7 +52,8 @@ def timeline_plot(run: dict, out: Path) -> Path:
     bottom.set(xlabel="seconds", ylabel="requests")
     bottom.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
-    path = out / f"timeline-{run['target'].replace(':', '-').replace('+', '-')}-{run['load'].split('=')[-1]}.png"
+    name = f"timeline-{run['target']}-{run['load']}"
+    path = out / (re.sub(r"[^A-Za-z0-9.]+", "-", name) + ".png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
