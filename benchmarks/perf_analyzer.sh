@@ -28,7 +28,7 @@ $BIN/python - "$WORK/input.json" "$TOKENS" <<'PY'
 import json, random, sys
 rng = random.Random(0)
 words = ["serving", "tokens", "batch", "latency", "paged", "cache", "stream", "triton", "model", "engine"]
-data = [{"text_input": [" ".join(rng.choice(words) for _ in range(rng.randint(4, 40)))],
+data = [{"text_input": {"content": [" ".join(rng.choice(words) for _ in range(rng.randint(4, 40)))], "shape": [1]},
          "max_tokens": [int(sys.argv[2])], "min_tokens": [int(sys.argv[2])], "stream": [True]} for _ in range(64)]
 json.dump({"data": data}, open(sys.argv[1], "w"))
 PY
