@@ -179,7 +179,6 @@ class InflightEngine:
         self.sampler.forget(request.req_id)
         del self._requests[request.req_id]
         text += self._detokenizers.pop(request.req_id).flush()
-        self.stats.num_finished += 1
         times = RequestTimes(request.arrival_time, request.first_scheduled_time, request.first_token_time,
                              request.last_token_time)
         return RequestOutput(request.req_id, token_ids, text, status.finish_reason, request.num_prompt_tokens,

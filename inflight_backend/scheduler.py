@@ -124,9 +124,7 @@ class Scheduler:
             if self._budget == 0:
                 return
             if request.status != RequestStatus.RUNNING or is_decode(request) != decodes:
-                continue  # preempted earlier in this loop, or the other kind
-            if any(item.request is request for item in out.scheduled):
-                continue
+                continue  # preempted earlier in this loop, or the other kind (each request is one kind per step)
             self._schedule(out, request, min(request.num_uncomputed_tokens, self._budget))
 
     def _admit(self, out: SchedulerOutput) -> None:

@@ -11,7 +11,6 @@ class EngineStats:
     num_steps: int = 0
     num_prompt_tokens: int = 0  # prompt (and recomputed) tokens computed
     num_generated_tokens: int = 0
-    num_finished: int = 0
     num_preemptions: int = 0
     num_running: int = 0
     num_waiting: int = 0
