@@ -1,0 +1,75 @@
+"""The exported ONNX graph computes the PyTorch engine's logits on a mixed prefill/decode step (evaluated on the
+CPU by onnx's ReferenceEvaluator, PagedAttention by our native kernel)."""
+import numpy as np
+import pytest
+import torch
+
+from inflight_backend.block_manager import BlockManager
+from inflight_backend.engines.torch_runner import TorchRunner
+from inflight_backend.request import Request, SamplingParams
+from inflight_backend.scheduler import ScheduledRequest, SchedulerOutput, is_decode
+
+onnx = pytest.importorskip("onnx", reason="onnx is not installed (pip install .[tensorrt])")
+from inflight_backend.tensorrt.onnx_export import DOMAIN, OP_TYPE, export  # noqa: E402
+from inflight_backend.tensorrt.reference import evaluator  # noqa: E402
+
+ATOL = 1e-3  # fp32; the two graphs order some reductions differently
+
+
+def schedule(bm, items):
+    out = SchedulerOutput()
+    for req, n in items:
+        assert bm.allocate(req.req_id, req.num_computed_tokens + n)
+        sample = req.num_computed_tokens + n == req.num_tokens
+        out.scheduled.append(ScheduledRequest(req, n, sample, bm.block_table(req.req_id), is_decode(req)))
+    return out
+
+
+def feeds(out: SchedulerOutput, runner: TorchRunner, block_size: int) -> dict:
+    ids, pos, slots, samples, qsl, ctx = [], [], [], [], [0], []
+    for item in out.scheduled:
+        r, start = item.request, item.request.num_computed_tokens
+        end = start + item.num_tokens
+        ids += r.token_ids(start, end)
+        pos += range(start, end)
+        slots += [item.block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        qsl.append(qsl[-1] + item.num_tokens)
+        ctx.append(end)
+        if item.sample:
+            samples.append(qsl[-1] - 1)
+    width = max(len(i.block_table) for i in out.scheduled)
+    tables = [i.block_table + [0] * (width - len(i.block_table)) for i in out.scheduled]
+    pool = torch.stack([torch.stack(pair) for pair in runner.kv_caches]).numpy().copy()
+    i32 = lambda x: np.array(x, dtype=np.int32)  # noqa: E731
+    return {"input_ids": i32(ids), "positions": i32(pos), "kv_pool": pool, "block_tables": i32(tables),
+            "context_lens": i32(ctx), "query_start_loc": i32(qsl), "slot_mapping": np.array(slots, dtype=np.int64),
+            "sample_indices": i32(samples)}
+
+
+@pytest.mark.parametrize("checkpoint, block_size", [("tiny_model", 16), ("gqa_model", 4), ("tied_model", 1)])
+def test_onnx_graph_matches_the_pytorch_engine_on_a_mixed_step(checkpoint, block_size, request):
+    path = request.getfixturevalue(checkpoint)
+    model = export(path, block_size)
+    onnx.checker.check_model(model)
+    layers = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type == OP_TYPE]
+    runner = TorchRunner(path, 128, block_size, attention="torch")
+    assert len(layers) == runner.model.config.num_hidden_layers
+
+    bm = BlockManager(128, block_size)
+    rng = np.random.default_rng(0)
+    a = Request("a", rng.integers(0, 258, 20).tolist(), SamplingParams(8))
+    c = Request("c", rng.integers(0, 258, 25).tolist(), SamplingParams(8))
+    first = schedule(bm, [(a, 20), (c, 10)])  # a: whole prompt; c: a first chunk
+    runner.execute(first)
+    for item in first.scheduled:
+        item.request.num_computed_tokens += item.num_tokens
+    a.output_ids.append(7)
+    b = Request("b", rng.integers(0, 258, 30).tolist(), SamplingParams(8))
+    mixed = schedule(bm, [(a, 1), (b, 30), (c, 15)])  # decode + whole prompt + last chunk
+    inputs = feeds(mixed, runner, block_size)
+    logits_onnx, pool_onnx = evaluator(model).run(None, inputs)
+    logits_torch = runner.execute(mixed)
+    np.testing.assert_allclose(logits_onnx, logits_torch.numpy(), atol=ATOL, rtol=0)
+    assert (logits_onnx.argmax(-1) == logits_torch.numpy().argmax(-1)).all()
+    pool_torch = torch.stack([torch.stack(pair) for pair in runner.kv_caches]).numpy()
+    np.testing.assert_allclose(pool_onnx, pool_torch, atol=1e-4, rtol=0)  # the new K/V landed in their slots
