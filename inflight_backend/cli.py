@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_serve(commands.add_parser("serve", help="start tritonserver with the inflight backend"))
     _add_generate(commands.add_parser("generate", help="stream a completion over gRPC"))
     _add_make_model(commands.add_parser("make-model", help="write a tiny random Llama checkpoint"))
+    _add_build_engine(commands.add_parser("build-engine", help="build a TensorRT engine with the PagedAttention "
+                                                               "plugin (TensorRT-RTX builds without a GPU)"))
     bench = commands.add_parser("bench", help="serving benchmark (benchmarks/serve_bench.py; --help there)",
                                 add_help=False)
     bench.set_defaults(run=None)
@@ -111,6 +113,35 @@ def _print_stream(results: queue.SimpleQueue) -> int:
                 print(f"\n[finish_reason={reason[0].decode()} prompt_tokens={int(counts[0][0])} "
                       f"completion_tokens={int(counts[1][0])}]", file=sys.stderr)
             return 0
+
+
+def _add_build_engine(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", default=str(DEFAULT_MODEL_DIR))
+    p.add_argument("--out", required=True, help="output directory, e.g. build/engines/tiny")
+    p.add_argument("--dtype", default="float32", choices=["float32"])
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-tokens", type=int, default=1024)
+    p.add_argument("--max-seqs", type=int, default=64)
+    p.add_argument("--max-num-blocks", type=int, default=4096)
+    p.set_defaults(run=_build_engine)
+
+
+def _build_engine(args) -> int:
+    import json
+    import os
+
+    from .tensorrt.trt_module import parser_library_dir, parser_ready
+
+    if not parser_ready():  # the ONNX parser's dlopen needs LD_LIBRARY_PATH from process start: re-exec
+        env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(
+            filter(None, [str(parser_library_dir()), os.environ.get("LD_LIBRARY_PATH")])))
+        os.execve(sys.executable, [sys.executable, "-m", "inflight_backend.cli", *sys.argv[1:]], env)
+    from .tensorrt.builder import EngineSpec, build_engine
+
+    spec = EngineSpec(str(Path(args.checkpoint).resolve()), args.block_size, args.max_num_tokens, args.max_seqs,
+                      args.max_num_blocks, args.dtype)
+    print(json.dumps(build_engine(spec, args.out), indent=1))
+    return 0
 
 
 def _bench(argv: list[str]) -> int:
