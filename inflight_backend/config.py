@@ -5,7 +5,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-ENGINES = ("pytorch",)
+ENGINES = ("pytorch", "tensorrt")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "native", "torch")
@@ -22,6 +22,7 @@ class EngineConfig:
 
     checkpoint: str
     engine: str = "pytorch"
+    engine_path: str = ""  # engine: tensorrt: the directory `inflight build-engine --out` wrote
     device: str = "auto"
     dtype: str = "auto"
     attention_backend: str = "auto"  # native kernels when built, else the torch reference
@@ -40,6 +41,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _check(self.engine in ENGINES, f"engine must be one of {ENGINES}, got {self.engine!r}")
+        _check(self.engine != "tensorrt" or bool(self.engine_path),
+               "engine: tensorrt needs engine_path (the output directory of `inflight build-engine`)")
         _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
         _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
@@ -68,6 +71,9 @@ class EngineConfig:
         values = {name: _parse(fields[name], raw) for name, raw in params.items()}
         path = os.path.expandvars(os.path.expanduser(values["checkpoint"]))
         values["checkpoint"] = os.path.normpath(os.path.join(base_dir, path))
+        if values.get("engine_path"):
+            engine_path = os.path.expandvars(os.path.expanduser(values["engine_path"]))
+            values["engine_path"] = os.path.normpath(os.path.join(base_dir, engine_path))
         return cls(**values)
 
     def resolved_device(self) -> str:

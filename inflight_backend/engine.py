@@ -186,6 +186,10 @@ class InflightEngine:
 
 
 def _make_runner(config: EngineConfig, num_blocks: int) -> ModelRunner:
+    if config.engine == "tensorrt":
+        from .engines.tensorrt_runner import TensorRTRunner
+
+        return TensorRTRunner(config.engine_path, num_blocks, config.block_size)
     from .engines.torch_runner import TorchRunner
 
     device = config.resolved_device()

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from inflight_backend.block_manager import BlockManager
+from inflight_backend.engines.step_inputs import StepInputs
 from inflight_backend.engines.torch_runner import TorchRunner
 from inflight_backend.request import Request, SamplingParams
 from inflight_backend.scheduler import ScheduledRequest, SchedulerOutput, is_decode
@@ -26,24 +27,10 @@ def schedule(bm, items):
 
 
 def feeds(out: SchedulerOutput, runner: TorchRunner, block_size: int) -> dict:
-    ids, pos, slots, samples, qsl, ctx = [], [], [], [], [0], []
-    for item in out.scheduled:
-        r, start = item.request, item.request.num_computed_tokens
-        end = start + item.num_tokens
-        ids += r.token_ids(start, end)
-        pos += range(start, end)
-        slots += [item.block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
-        qsl.append(qsl[-1] + item.num_tokens)
-        ctx.append(end)
-        if item.sample:
-            samples.append(qsl[-1] - 1)
-    width = max(len(i.block_table) for i in out.scheduled)
-    tables = [i.block_table + [0] * (width - len(i.block_table)) for i in out.scheduled]
-    pool = torch.stack([torch.stack(pair) for pair in runner.kv_caches]).numpy().copy()
-    i32 = lambda x: np.array(x, dtype=np.int32)  # noqa: E731
-    return {"input_ids": i32(ids), "positions": i32(pos), "kv_pool": pool, "block_tables": i32(tables),
-            "context_lens": i32(ctx), "query_start_loc": i32(qsl), "slot_mapping": np.array(slots, dtype=np.int64),
-            "sample_indices": i32(samples)}
+    step = StepInputs.build(out, block_size)
+    inputs = {name: torch.tensor(values, dtype=dtype).numpy() for name, (values, dtype) in step.engine_inputs().items()}
+    inputs["kv_pool"] = torch.stack([torch.stack(pair) for pair in runner.kv_caches]).numpy().copy()
+    return inputs
 
 
 @pytest.mark.parametrize("checkpoint, block_size", [("tiny_model", 16), ("gqa_model", 4), ("tied_model", 1)])

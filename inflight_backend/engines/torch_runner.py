@@ -7,6 +7,7 @@ from ..attention import AttentionMetadata, make_backend
 from ..checkpoint import load_model
 from ..scheduler import SchedulerOutput
 from .base import ModelRunner
+from .step_inputs import StepInputs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,36 +31,18 @@ class TorchRunner(ModelRunner):
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> torch.Tensor:
-        input_ids, positions, slots, sample_indices = [], [], [], []
-        query_start_loc, context_lens = [0], []
-        bs = self.block_size
-        for item in output.scheduled:
-            req, start = item.request, item.request.num_computed_tokens
-            end = start + item.num_tokens
-            input_ids += req.token_ids(start, end)
-            positions += range(start, end)
-            table = item.block_table
-            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            query_start_loc.append(query_start_loc[-1] + item.num_tokens)
-            context_lens.append(end)
-            if item.sample:
-                sample_indices.append(query_start_loc[-1] - 1)
+        step = StepInputs.build(output, self.block_size)
         meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots),
-            block_tables=self._block_tables(output),
-            query_start_loc=query_start_loc,
-            context_lens=context_lens,
-            decode_only=len(input_ids) == len(context_lens),
-            query_start_loc_tensor=self._tensor(query_start_loc, torch.int32),
-            context_lens_tensor=self._tensor(context_lens, torch.int32),
+            slot_mapping=self._tensor(step.slot_mapping),
+            block_tables=self._tensor(step.block_tables, torch.int32),
+            query_start_loc=step.query_start_loc,
+            context_lens=step.context_lens,
+            decode_only=step.decode_only,
+            query_start_loc_tensor=self._tensor(step.query_start_loc, torch.int32),
+            context_lens_tensor=self._tensor(step.context_lens, torch.int32),
         )
-        return self.model(self._tensor(input_ids), self._tensor(positions), self.kv_caches, meta,
-                          self._tensor(sample_indices))
+        return self.model(self._tensor(step.input_ids), self._tensor(step.positions), self.kv_caches, meta,
+                          self._tensor(step.sample_indices))
 
     def _tensor(self, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
-
-    def _block_tables(self, output: SchedulerOutput) -> torch.Tensor:
-        width = max(len(item.block_table) for item in output.scheduled)
-        rows = [item.block_table + [0] * (width - len(item.block_table)) for item in output.scheduled]
-        return self._tensor(rows, torch.int32)
