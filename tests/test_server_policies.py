@@ -17,7 +17,7 @@ POLICY_MODELS = {  # name: parameters
     "fused_chunked": dict(batching_policy="fused", enable_chunked_prefill="true", max_num_tokens=64,
                           block_size=1, num_kv_blocks=8192),
     "max_utilization": dict(batching_policy="fused", enable_chunked_prefill="true", max_num_tokens=128,
-                            capacity_policy="max_utilization", block_size=32, num_kv_blocks=24),
+                            capacity_policy="max_utilization", block_size=32, num_kv_blocks=14),
     "queue": dict(max_batch_size=1, max_queue_size=2),
 }
 
@@ -138,7 +138,7 @@ def test_queue_full_and_never_fitting_requests_get_errors(policy_server):
         time.sleep(0.02)
     rejected = grpc_generate(url, "queue", {"text_input": "d", "max_tokens": 2, "stream": True})
     assert rejected.error is not None and "queue full" in rejected.error
-    never_fits = grpc_generate(url, "max_utilization", {"input_ids": [1] * 700, "max_tokens": 100})
+    never_fits = grpc_generate(url, "max_utilization", {"input_ids": [1] * 400, "max_tokens": 100})
     assert never_fits.error is not None and "KV blocks" in never_fits.error
     release.set()  # cancel "a": "b" and "c" run
     for t in [runner, *queued]:
