@@ -75,7 +75,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(
             f"inflight: model {args['model_name']} ready: {self.config} on {self.config.resolved_device()}, "
             f"{self.engine.blocks.num_blocks} KV blocks of {self.config.block_size} tokens, "
-            f"attention: {self.engine.runner.attention.name}")
+            f"engine: {self.engine.runner.describe()}")
 
     def execute(self, requests):
         for request in requests:
@@ -95,6 +95,9 @@ class TritonPythonModel:
             self._check_queue()
         except RequestError as exc:
             _send_error(sender, str(exc))
+            return
+        except Exception as exc:  # anything unforeseen still ends this request alone, with FINAL
+            _send_error(sender, f"invalid request: {type(exc).__name__}: {exc}")
             return
         req_id = str(next(self._ids))
         keep_input = not parsed.stream and not parsed.exclude_input_in_output

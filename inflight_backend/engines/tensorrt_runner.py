@@ -41,6 +41,9 @@ class TensorRTRunner(ModelRunner):
         self.kv_pool = torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads,
                                    cfg.head_dim, dtype=torch.float32, device=self.device)
 
+    def describe(self) -> str:
+        return "tensorrt plan, attention: PagedAttention plugin (CUDA kernels)"
+
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> torch.Tensor:
         step = StepInputs.build(output, self.block_size)

@@ -29,6 +29,9 @@ class TorchRunner(ModelRunner):
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(cfg.num_hidden_layers)]
 
+    def describe(self) -> str:
+        return f"pytorch {self.dtype} on {self.device}, attention: {self.attention.name}"
+
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> torch.Tensor:
         step = StepInputs.build(output, self.block_size)
