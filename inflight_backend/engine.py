@@ -129,7 +129,9 @@ class InflightEngine:
         request = self._requests.get(req_id)
         if request is None:
             return None
-        return self._finish(request, status, [], "")
+        output = self._finish(request, status, [], "")
+        self.stats.record_queues(self.scheduler)
+        return output
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, run once on the packed tokens, sample, update. Returns new outputs."""

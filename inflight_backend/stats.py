@@ -35,12 +35,16 @@ class EngineStats:
         self.last_step_prefill_tokens = sched.num_prefill_tokens
         self.last_step_decode_tokens = sched.num_decode_tokens
         self.last_step_num_seqs = len(sched.scheduled)
-        self.num_running, self.num_waiting = len(scheduler.running), len(scheduler.waiting)
-        self.num_preempted_waiting = sum(1 for r in scheduler.waiting if r.num_preemptions)
-        self.num_preemptions = scheduler.num_preemptions
-        self.kv_blocks_used = scheduler.blocks.num_used_blocks
+        self.record_queues(scheduler)
         if not sched.is_empty:
             self.num_steps += 1
             self.num_prompt_tokens += sched.num_prefill_tokens
             self.num_generated_tokens += sum(item.sample for item in sched.scheduled)
             self.kv_tokens_used_sum += sum(r.num_computed_tokens for r in scheduler.running)
+
+    def record_queues(self, scheduler) -> None:
+        """Queue lengths and KV usage now (also after a cancellation between steps)."""
+        self.num_running, self.num_waiting = len(scheduler.running), len(scheduler.waiting)
+        self.num_preempted_waiting = sum(1 for r in scheduler.waiting if r.num_preemptions)
+        self.num_preemptions = scheduler.num_preemptions
+        self.kv_blocks_used = scheduler.blocks.num_used_blocks

@@ -72,3 +72,12 @@ def test_a_duplicate_id_is_rejected_and_cancel_ends_the_original(tiny_model):
     loop.stop()
     assert sink.final == {"a": "cancelled"}
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_stats_reflect_a_cancellation_between_steps(tiny_model):
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=64))
+    engine.add_request("a", [256, 65, 66], SamplingParams(max_tokens=50, min_tokens=50))
+    engine.step()
+    assert engine.stats.kv_blocks_used > 0 and engine.stats.num_running == 1
+    engine.abort("a")
+    assert engine.stats.kv_blocks_used == 0 and engine.stats.num_running == 0
