@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
     args = parser.parse_args(argv)
+    args.raw_argv = argv
     try:
         return args.run(args)
     except ServerError as exc:
@@ -135,7 +136,7 @@ def _build_engine(args) -> int:
     if not parser_ready():  # the ONNX parser's dlopen needs LD_LIBRARY_PATH from process start: re-exec
         env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(
             filter(None, [str(parser_library_dir()), os.environ.get("LD_LIBRARY_PATH")])))
-        os.execve(sys.executable, [sys.executable, "-m", "inflight_backend.cli", *sys.argv[1:]], env)
+        os.execve(sys.executable, [sys.executable, "-m", "inflight_backend.cli", *args.raw_argv], env)
     from .tensorrt.builder import EngineSpec, build_engine
 
     spec = EngineSpec(str(Path(args.checkpoint).resolve()), args.block_size, args.max_num_tokens, args.max_seqs,
