@@ -46,6 +46,11 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args) -> int:
+    from .repository import check_repository
+
+    problems = check_repository(args.model_repository)
+    if problems:
+        raise ServerError("cannot serve " + args.model_repository + ":\n  " + "\n  ".join(problems))
     server = TritonServer(args.model_repository, args.http_port, args.grpc_port, args.metrics_port,
                           verbose=args.log_verbose)
     print(f"inflight: starting tritonserver with {server.model_repository}", flush=True)

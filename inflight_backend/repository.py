@@ -29,3 +29,30 @@ def write_repository(root: str | Path, models: dict[str, str]) -> Path:
         (root / name / "1").mkdir(parents=True, exist_ok=True)
         (root / name / "config.pbtxt").write_text(config)
     return root
+
+
+_PARAMETER = re.compile(r'parameters \{ key: "([^"]+)" value: \{ string_value: "([^"]*)" \} \}')
+
+
+def check_repository(root: str | Path) -> list[str]:
+    """Problems that would stop the inflight models in `root` from loading, each a sentence for the user."""
+    from .config import EngineConfig
+
+    root = Path(root)
+    if not root.is_dir():
+        return [f"model repository {root} does not exist"]
+    problems = []
+    for config_file in sorted(root.glob("*/config.pbtxt")):
+        text = config_file.read_text()
+        if 'backend: "inflight"' not in text:
+            continue
+        name = config_file.parent.name
+        try:
+            config = EngineConfig.from_parameters(dict(_PARAMETER.findall(text)), base_dir=str(config_file.parent))
+        except ValueError as exc:
+            problems.append(f"model {name}: {exc}")
+            continue
+        if not (Path(config.checkpoint) / "config.json").is_file():
+            problems.append(f"model {name}: checkpoint {config.checkpoint} has no config.json (run `make model` "
+                            "for the default one, or point `checkpoint` at a Hugging Face Llama directory)")
+    return problems

@@ -20,3 +20,16 @@ def test_parameters_are_typed_and_paths_resolved(tmp_path):
 def test_invalid_parameters_are_rejected_with_the_reason(params, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig.from_parameters(params)
+
+
+def test_serve_preflight_names_a_missing_checkpoint(tmp_path, tiny_model):
+    from inflight_backend.repository import check_repository, model_config, write_repository
+
+    write_repository(tmp_path, {"good": model_config(tiny_model, "good"),
+                                "bad": model_config(str(tmp_path / "nowhere"), "bad"),
+                                "typo": model_config(tiny_model, "typo", blok_size=4)})
+    problems = check_repository(tmp_path)
+    assert len(problems) == 2
+    assert any("model bad: checkpoint" in p and "no config.json" in p for p in problems)
+    assert any("model typo: unknown parameters" in p for p in problems)
+    assert check_repository(tmp_path / "missing") == [f"model repository {tmp_path / 'missing'} does not exist"]
