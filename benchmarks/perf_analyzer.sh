@@ -10,6 +10,8 @@
 # libcudart.so.12, which nvidia-pytriton carries under another name (linked into build/perf_analyzer/lib).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SETUP_ONLY=0
+if [ "${1:-}" = "--setup-only" ]; then SETUP_ONLY=1; shift; fi  # just libb64 and the libcudart link
 CHECKPOINT=${1:-build/models/bench-small}
 RANGE=${2:-1:16:2}
 TOKENS=${3:-64}
@@ -23,6 +25,7 @@ if ! dpkg -s libb64-0d >/dev/null 2>&1; then
 fi
 CUDART=$(ls .venv/lib/python3.*/site-packages/nvidia_pytriton.libs/libcudart-*.so.12* | head -n1)
 ln -sf "$(realpath "$CUDART")" "$WORK/lib/libcudart.so.12"
+[ "$SETUP_ONLY" = 1 ] && exit 0
 
 $BIN/python - "$WORK/input.json" "$TOKENS" <<'PY'
 import json, random, sys

@@ -37,6 +37,7 @@ ALIASES = {  # TensorRT-LLM's other names -> ours
     "runtime_top_k": ("top_k", ("TYPE_INT32", [1])),
     "runtime_top_p": ("top_p", ("TYPE_FP32", [1])),
     "random_seed": ("seed", ("TYPE_UINT64", [1])),
+    "min_length": ("min_tokens", ("TYPE_INT32", [1])),
 }
 OUTPUTS = {
     "text_output": ("TYPE_STRING", [-1]),
