@@ -7,67 +7,14 @@ import pytest
 import torch
 
 from inflight_backend.attention import NativePagedAttention, TorchPagedAttention, load_library
-from inflight_backend.attention.base import AttentionMetadata
+from inflight_backend.attention.random_batch import CASES, TOLERANCE, max_error, random_batch
 
-# Stated tolerances (max abs error; outputs are convex combinations of V rows with |V| <~ 4):
-TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
-
-
-def random_batch(rng, *, num_seqs, block_size, num_heads, num_kv_heads, head_size, max_context, max_query,
-                 dtype, device="cpu"):
-    """A packed batch with random context/query lengths and block tables in random physical order."""
-    ctx = [rng.randint(1, max_context) for _ in range(num_seqs)]
-    nq = [rng.randint(1, min(c, max_query)) for c in ctx]
-    blocks_needed = [-(-c // block_size) for c in ctx]
-    num_blocks = sum(blocks_needed) + 3
-    physical = list(range(num_blocks))
-    rng.shuffle(physical)
-    tables, it = [], iter(physical)
-    for n in blocks_needed:
-        tables.append([next(it) for _ in range(n)])
-    width = max(blocks_needed)
-    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
-    shape = (num_blocks, block_size, num_kv_heads, head_size)
-    k_cache = torch.randn(shape, generator=gen).to(dtype).to(device)
-    v_cache = torch.randn(shape, generator=gen).to(dtype).to(device)
-    qsl = [0]
-    for n in nq:
-        qsl.append(qsl[-1] + n)
-    q = torch.randn(qsl[-1], num_heads, head_size, generator=gen).to(dtype).to(device)
-    meta = AttentionMetadata(
-        slot_mapping=torch.zeros(0, dtype=torch.int64, device=device),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device),
-        query_start_loc=qsl, context_lens=ctx, decode_only=all(n == 1 for n in nq),
-        query_start_loc_tensor=torch.tensor(qsl, dtype=torch.int32, device=device),
-        context_lens_tensor=torch.tensor(ctx, dtype=torch.int32, device=device))
-    return q, k_cache, v_cache, meta
-
-
-CASES = [  # (block_size, group, max_context, max_query, num_seqs)
-    (1, 1, 64, 1, 5), (16, 4, 2048, 1, 4), (32, 8, 700, 1, 8), (16, 1, 300, 40, 4), (1, 4, 100, 17, 3),
-    (32, 8, 2048, 64, 2), (16, 4, 1, 1, 3), (7, 2, 129, 9, 6), (128, 4, 1000, 5, 3),
-]
 
 
 def compare(backend, dtype, device, head_size, case, seed):
-    block_size, group, max_context, max_query, num_seqs = case
-    rng = random.Random(seed)
-    q, k_cache, v_cache, meta = random_batch(
-        rng, num_seqs=num_seqs, block_size=block_size, num_heads=2 * group, num_kv_heads=2, head_size=head_size,
-        max_context=max_context, max_query=max_query, dtype=dtype, device=device)
-    scale = head_size ** -0.5
-    want = TorchPagedAttention().forward(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(),
-                                         _to_cpu(meta), scale)
-    got = backend.forward(q, k_cache, v_cache, meta, scale)
-    assert got.dtype == dtype and not backend._use_fallback
-    err = (got.cpu().float() - want).abs().max().item()
+    err = max_error(backend, dtype, device, head_size, case, seed)
+    assert not backend._use_fallback
     assert err <= TOLERANCE[dtype], f"max error {err} for {case}"
-
-
-def _to_cpu(meta):
-    return AttentionMetadata(meta.slot_mapping.cpu(), meta.block_tables.cpu(), meta.query_start_loc,
-                             meta.context_lens, meta.decode_only, meta.query_start_loc_tensor.cpu(),
-                             meta.context_lens_tensor.cpu())
 
 
 @pytest.fixture(scope="module")

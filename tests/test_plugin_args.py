@@ -7,7 +7,7 @@ import torch
 
 from inflight_backend.attention import TorchPagedAttention, load_library
 from inflight_backend.tensorrt.kernel_args import PluginFields, launch
-from tests.test_paged_attention import random_batch
+from inflight_backend.attention.random_batch import random_batch
 
 
 def test_plugin_mapping_drives_the_cpu_kernel_like_the_reference():

@@ -1,0 +1,70 @@
+"""The prepared check for a session that has a GPU (run by benchmarks/gpu_check.sh).
+
+CUDA kernels against the fp32 torch reference on every random batch the CPU tests use (fp32, bf16, fp16; head
+sizes 64 and 128; block sizes 1..128; GQA 1..8; multi-token causal queries; contexts to 2048), the KV write
+against the reference's, then decode timings are printed by benchmarks/attention.py --device cuda.
+Needs only torch with CUDA and the built library (no other package of the project's).
+"""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from inflight_backend.attention import NativePagedAttention, TorchPagedAttention, load_library  # noqa: E402
+from inflight_backend.attention.random_batch import CASES, TOLERANCE, max_error, random_batch  # noqa: E402
+
+
+def check_attention(lib) -> bool:
+    ok = True
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for head_size in (64, 128):
+            worst = 0.0
+            for case in CASES:
+                backend = NativePagedAttention(lib, "cuda")
+                err = max_error(backend, dtype, "cuda", head_size, case, seed=7)
+                worst = max(worst, err)
+                if err > TOLERANCE[dtype] or backend._use_fallback:
+                    ok = False
+                    print(f"FAIL attention {dtype} head {head_size} case {case}: max error {err:.3g}")
+            print(f"attention {str(dtype):15s} head {head_size:3d}: worst max error {worst:.3g} "
+                  f"(tolerance {TOLERANCE[dtype]:g}) over {len(CASES)} cases")
+    return ok
+
+
+def check_write_kv(lib) -> bool:
+    q, k_cache, v_cache, meta = random_batch(random.Random(0), num_seqs=3, block_size=16, num_heads=8,
+                                             num_kv_heads=2, head_size=128, max_context=200, max_query=9,
+                                             dtype=torch.bfloat16, device="cuda")
+    num_tokens = q.shape[0]
+    slots = random.Random(1).sample(range(k_cache.shape[0] * 16), num_tokens)
+    meta.slot_mapping = torch.tensor(slots, dtype=torch.int64, device="cuda")
+    k, v = (torch.randn(num_tokens, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    TorchPagedAttention().write_kv(k_ref, v_ref, k, v, meta)
+    NativePagedAttention(lib, "cuda").write_kv(k_cache, v_cache, k, v, meta)
+    torch.cuda.synchronize()
+    ok = torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    print(f"write_kv bf16: {'identical to the reference' if ok else 'FAIL: differs from the reference'}")
+    return ok
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA device")
+        return 2
+    lib = load_library("cuda")
+    if lib is None:
+        print("build/lib/libinflight_pa_cuda.so missing: build with cmake first")
+        return 2
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    ok = check_write_kv(lib) & check_attention(lib)
+    print("ALL OK" if ok else "SOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
