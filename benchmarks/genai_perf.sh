@@ -18,21 +18,8 @@ mkdir -p "$WORK" benchmarks/results/genai-perf
 [ -x "$GP/bin/genai-perf" ] || { /usr/bin/python3.11 -m venv "$GP" && "$GP/bin/pip" install -q "genai-perf==0.0.16"; }
 benchmarks/perf_analyzer.sh --setup-only
 
-PORTS=$(.venv/bin/python -c "from inflight_backend.server import free_port; print(free_port(), free_port(), free_port())")
-read -r HTTP GRPC METRICS <<<"$PORTS"
-.venv/bin/python - "$WORK/repo" "$CHECKPOINT" <<'PY'
-import sys
-from inflight_backend.repository import model_config, write_repository
-write_repository(sys.argv[1], {"llm": model_config(sys.argv[2], "llm")})
-PY
-.venv/bin/inflight serve --model-repository "$WORK/repo" --http-port "$HTTP" --grpc-port "$GRPC" \
-  --metrics-port "$METRICS" > "$WORK/server.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-until grep -q "inflight: ready" "$WORK/server.log"; do
-  kill -0 $SERVER 2>/dev/null || { cat "$WORK/server.log"; exit 1; }
-  sleep 1
-done
+source benchmarks/serve_in_background.sh
+start_server "$CHECKPOINT" "$WORK"
 cd benchmarks/results/genai-perf
 PATH="$OLDPWD/.venv/bin:$PATH" LD_LIBRARY_PATH="$OLDPWD/build/perf_analyzer/lib:${LD_LIBRARY_PATH:-}" \
   "$OLDPWD/$GP/bin/genai-perf" profile -m llm --endpoint-type kserve --backend tensorrtllm --streaming \

@@ -36,21 +36,8 @@ data = [{"text_input": {"content": [" ".join(rng.choice(words) for _ in range(rn
 json.dump({"data": data}, open(sys.argv[1], "w"))
 PY
 
-PORTS=$($BIN/python -c "from inflight_backend.server import free_port; print(free_port(), free_port(), free_port())")
-read -r HTTP GRPC METRICS <<<"$PORTS"
-$BIN/python - "$WORK/repo" "$CHECKPOINT" <<'PY'
-import sys
-from inflight_backend.repository import model_config, write_repository
-write_repository(sys.argv[1], {"llm": model_config(sys.argv[2], "llm")})
-PY
-$BIN/inflight serve --model-repository "$WORK/repo" --http-port "$HTTP" --grpc-port "$GRPC" \
-  --metrics-port "$METRICS" > "$WORK/server.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-until grep -q "inflight: ready" "$WORK/server.log"; do
-  kill -0 $SERVER 2>/dev/null || { cat "$WORK/server.log"; exit 1; }
-  sleep 1
-done
+source benchmarks/serve_in_background.sh
+start_server "$CHECKPOINT" "$WORK"
 
 LD_LIBRARY_PATH="$PWD/$WORK/lib:${LD_LIBRARY_PATH:-}" $BIN/perf_analyzer -m llm -i grpc -u "127.0.0.1:$GRPC" \
   --async --streaming --input-data "$WORK/input.json" --concurrency-range "$RANGE" \

@@ -11,6 +11,7 @@ dict of extra metrics.
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from pathlib import Path
@@ -75,7 +76,7 @@ class EngineTarget:
         records = new_records(items, arrivals)
         sub = Submitter(records, concurrency)
         self.timeline = []
-        before = _copy_stats(self.engine)
+        before = copy.copy(self.engine.stats)
 
         def emit(outputs, stats):
             for out in outputs:
@@ -96,12 +97,6 @@ class EngineTarget:
 
 def _forced(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, min_tokens=n)
-
-
-def _copy_stats(engine):
-    import copy
-
-    return copy.copy(engine.stats)
 
 
 def _engine_extra(engine, before) -> dict:

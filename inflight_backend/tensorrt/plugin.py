@@ -89,14 +89,12 @@ class PagedAttentionPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3One
 
     def enqueue(self, input_desc, output_desc, inputs, outputs, workspace, stream):
         dims = [tuple(d.dims) for d in input_desc]
-        status = kernel_args.launch(self._cuda_lib(), "cuda", self.fields, dims, PA_DTYPE[input_desc[0].type],
-                                    list(inputs), outputs[0], workspace,
-                                    self.get_workspace_size_for(dims, input_desc[0].type), stream)
+        pa_dtype = PA_DTYPE[input_desc[0].type]
+        size = kernel_args.workspace_size(self._cuda_lib(), self.fields, dims, pa_dtype)
+        status = kernel_args.launch(self._cuda_lib(), "cuda", self.fields, dims, pa_dtype, list(inputs), outputs[0],
+                                    workspace, size, stream)
         if status != 0:
             raise RuntimeError(f"PagedAttention kernels failed with status {status}")
-
-    def get_workspace_size_for(self, dims, dtype) -> int:
-        return kernel_args.workspace_size(self._cuda_lib(), self.fields, dims, PA_DTYPE[dtype])
 
     def _cuda_lib(self):
         if self._lib is None:
