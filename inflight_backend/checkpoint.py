@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from .attention import AttentionBackend
+from .models.cpu_layout import use_input_major_linears
 from .models.llama import LlamaConfig, LlamaForCausalLM
 
 
@@ -60,4 +61,6 @@ def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype, device:
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary = type(model.model.rotary)(config)  # rebuild the non-persistent buffer off meta
+    if torch.device(device).type == "cpu":
+        use_input_major_linears(model)
     return model.to(device).eval()

@@ -72,8 +72,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        # As transformers: normalise in fp32, round to the input dtype, then scale (one fused kernel for the first).
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
 
@@ -88,11 +88,15 @@ class Rotary(nn.Module):
             inv_freq = _scale_inv_freq(inv_freq, config.rope_scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, q, k, positions):
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of every token's angles, (T, 1, D): computed once per step and shared by all layers."""
         freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # (T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(q.dtype).unsqueeze(1), emb.sin().to(q.dtype).unsqueeze(1)  # (T, 1, D)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
+
+
+def apply_rotary(q, k, cos, sin):
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def _rotate_half(x):
@@ -129,12 +133,13 @@ class Attention(nn.Module):
         self.backend = backend
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, x, positions, rotary, kv_cache, meta: AttentionMetadata):
+    def forward(self, x, rope, kv_cache, meta: AttentionMetadata):
+        """rope: the step's (cos, sin) tables from Rotary.tables."""
         num_tokens = x.shape[0]
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # (T, H, D)
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = rotary(q, k, positions)
+        q, k = apply_rotary(q, k, *rope)
         k_cache, v_cache = kv_cache
         self.backend.write_kv(k_cache, v_cache, k, v, meta)
         out = self.backend.forward(q, k_cache, v_cache, meta, self.scale)
@@ -161,8 +166,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, positions, rotary, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
+    def forward(self, x, rope, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -190,7 +195,8 @@ class LlamaForCausalLM(nn.Module):
                 meta: AttentionMetadata, sample_indices: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: (T,); kv_caches: one (k, v) pair per layer -> (num_sampled, vocab) fp32."""
         x = self.model.embed_tokens(input_ids)  # (T, hidden)
+        rope = self.model.rotary.tables(positions, x.dtype)
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(x, positions, self.model.rotary, kv_cache, meta)
+            x = layer(x, rope, kv_cache, meta)
         x = self.model.norm(x[sample_indices])
         return self.lm_head(x).float()
