@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import targets as T  # noqa: E402
-from benchmarks.records import summarize  # noqa: E402
+from benchmarks.records import percentile, summarize  # noqa: E402
 from benchmarks.workload import load  # noqa: E402
 
 
@@ -29,12 +29,12 @@ def make_target(spec: str, args, workdir: Path):
     system, _, policy = spec.partition(":")
     if system == "hf":
         cls = {"static": T.HFStaticTarget, "batch": T.HFContinuousTarget}[policy]
-        return cls(args.checkpoint, args.max_batch_size)
+        return cls(args.checkpoint, args.max_batch_size, args.dtype)
     name, _, chunked = policy.partition("+")
     budget = args.chunked_max_num_tokens if chunked else args.max_num_tokens
     params = dict(batching_policy=name, enable_chunked_prefill=bool(chunked), max_batch_size=args.max_batch_size,
                   max_num_tokens=budget, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-                  max_queue_delay_ms=args.max_queue_delay_ms)
+                  max_queue_delay_ms=args.max_queue_delay_ms, dtype=args.dtype)
     if system == "engine":
         return T.EngineTarget(args.checkpoint, **params)
     if system == "triton":
@@ -74,39 +74,77 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-kv-blocks", type=int, default=0)
     parser.add_argument("--max-queue-delay-ms", type=float, default=10.0)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="weights and activations of every target, ours and Hugging Face's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=4, help="requests run (and discarded) before measuring")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds: every target runs once per round, in turn, so slow phases of a noisy machine "
+                             "hit all targets; ratios are taken within each round")
+    parser.add_argument("--ratios", nargs="+", default=[], metavar="A/B",
+                        help="print output tokens/s of target A over target B, per round and their median")
     parser.add_argument("--out", help="write all runs as JSON here")
     args = parser.parse_args(argv)
     items = load(args.workload)
     runs = []
     with tempfile.TemporaryDirectory(prefix="inflight-bench-") as tmp:
-        for spec in args.targets:
-            target = make_target(spec, args, Path(tmp))
-            try:
-                target.run(items[: args.warmup], [0.0] * args.warmup)
-                for label, arrivals, concurrency in arrival_sets(args, len(items)):
-                    records, extra = target.run(items, arrivals, concurrency)
-                    runs.append({"target": spec, "load": label, **summarize(records, extra),
-                                 "timeline": getattr(target, "timeline", [])})
-                    print(f"{spec:24s} {label:16s} {runs[-1]['output_tokens_per_s']:9.1f} tok/s", file=sys.stderr)
-            finally:
-                if hasattr(target, "stop"):
-                    target.stop()
+        for rnd in range(args.repeat):
+            for spec in args.targets:
+                runs.extend(run_target(spec, args, Path(tmp), items, rnd))
     print(table(runs))
+    if args.ratios:
+        print()
+        print(ratio_table(runs, [tuple(pair.split("/")) for pair in args.ratios]))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
     return runs
 
 
+def run_target(spec: str, args, workdir: Path, items, rnd: int) -> list[dict]:
+    """Start `spec`, warm it up, run every load point, stop it."""
+    runs = []
+    target = make_target(spec, args, workdir)
+    try:
+        target.run(items[: args.warmup], [0.0] * args.warmup)
+        for label, arrivals, concurrency in arrival_sets(args, len(items)):
+            records, extra = target.run(items, arrivals, concurrency)
+            runs.append({"target": spec, "load": label, "round": rnd, **summarize(records, extra),
+                         "timeline": getattr(target, "timeline", [])})
+            cpu = " ".join(f"{k} {v:.1f}" for k, v in runs[-1].get("cpu_seconds", {}).items())
+            print(f"round {rnd} {spec:24s} {label:16s} {runs[-1]['output_tokens_per_s']:9.1f} tok/s  "
+                  f"{runs[-1]['duration_s']:.1f} s{'  CPU s: ' + cpu if cpu else ''}", file=sys.stderr)
+    finally:
+        if hasattr(target, "stop"):
+            target.stop()
+    return runs
+
+
+def ratio_table(runs: list[dict], pairs: list[tuple[str, str]]) -> str:
+    """Output tokens/s of A over B for each (A, B), per round (same load point), and their median."""
+    by = {(r["round"], r["load"], r["target"]): r["output_tokens_per_s"] for r in runs}
+    rounds = sorted({r["round"] for r in runs})
+    lines = ["| load | A / B (output tok/s) | per round | median |", "|---|---|---|---:|"]
+    for load in dict.fromkeys(r["load"] for r in runs):
+        for a, b in pairs:
+            ratios = [by[(n, load, a)] / by[(n, load, b)] for n in rounds if (n, load, a) in by and (n, load, b) in by]
+            if ratios:
+                lines.append(f"| {load} | {a} / {b} | {' '.join(f'{x:.2f}' for x in ratios)} | "
+                             f"{percentile(ratios, 50):.2f} |")
+    return "\n".join(lines)
+
+
 def table(runs: list[dict]) -> str:
     head = ("| target | load | out tok/s | req/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | E2E p99 (s) | "
             "overhead | preempt |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    rows = [f"| {r['target']} | {r['load']} | {r['output_tokens_per_s']:.1f} | {r['requests_per_s']:.2f} | "
+    rows = [f"| {r['target']}{_round(r)} | {r['load']} | {r['output_tokens_per_s']:.1f} | {r['requests_per_s']:.2f} | "
             f"{r['ttft_p50_s']:.2f} / {r['ttft_p99_s']:.2f} | {r['itl_p50_s'] * 1e3:.1f} / {r['itl_p99_s'] * 1e3:.1f} | "
             f"{r['e2e_p99_s']:.2f} | {_pct(r.get('overhead_fraction'))} | {r.get('preemptions', '')} |" for r in runs]
     return "\n".join([head, *rows])
+
+
+def _round(run: dict) -> str:
+    return f" (round {run['round'] + 1})" if run.get("round") else ""
 
 
 def _pct(x) -> str:

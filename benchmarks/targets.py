@@ -12,6 +12,7 @@ dict of extra metrics.
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import time
 from pathlib import Path
@@ -69,7 +70,7 @@ def new_records(items: list[WorkItem], arrivals: list[float]) -> list[RequestRec
 
 class EngineTarget:
     def __init__(self, checkpoint: str, **params) -> None:
-        self.engine = InflightEngine(EngineConfig(checkpoint=checkpoint, dtype="float32", **params))
+        self.engine = InflightEngine(EngineConfig(checkpoint=checkpoint, **params))
         self.timeline: list[tuple] = []
 
     def run(self, items, arrivals, concurrency=None):
@@ -88,11 +89,12 @@ class EngineTarget:
                                   stats.num_running, stats.num_waiting))
 
         loop = BatchLoop(self.engine, emit)
+        cpu_before = _cpu(os.getpid())
         try:
             sub.run(lambda i: loop.submit(str(i), items[i].prompt_ids, _forced(items[i].output_len)))
         finally:
             loop.stop()
-        return records, _engine_extra(self.engine, before)
+        return records, {**_engine_extra(self.engine, before), "cpu_seconds": {"process": _cpu(os.getpid()) - cpu_before}}
 
 
 def _forced(n: int) -> SamplingParams:
@@ -118,8 +120,7 @@ class TritonTarget:
         from inflight_backend.repository import model_config, write_repository
         from inflight_backend.server import TritonServer, free_port
 
-        repo = write_repository(Path(workdir) / "repo", {"bench": model_config(checkpoint, "bench", dtype="float32",
-                                                                                 **params)})
+        repo = write_repository(Path(workdir) / "repo", {"bench": model_config(checkpoint, "bench", **params)})
         self.server = TritonServer(repo, free_port(), free_port(), free_port(),
                                    log_file=Path(workdir) / "tritonserver.log").start()
 
@@ -133,6 +134,7 @@ class TritonTarget:
         records = new_records(items, arrivals)
         sub = Submitter(records, concurrency)
         before = self._phase_seconds()
+        cpu_before = self._cpu_seconds()
 
         def callback(result, error):
             if error is not None:
@@ -166,10 +168,17 @@ class TritonTarget:
             client.stop_stream()
             client.close()
         after = self._phase_seconds()
+        cpu = {k: v - cpu_before[k] for k, v in self._cpu_seconds().items()}
         spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         busy = spent.get("schedule", 0) + spent.get("model", 0) + spent.get("sample", 0)
         overhead = spent.get("schedule", 0) + spent.get("sample", 0) + spent.get("respond", 0)
-        return records, {"overhead_fraction": overhead / max(busy, 1e-9)}
+        return records, {"overhead_fraction": overhead / max(busy, 1e-9), "cpu_seconds": cpu}
+
+    def _cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) so far of tritonserver, of the model's stub process, and of this client."""
+        server = self.server.process.pid
+        stubs = [pid for pid in _pids() if _stat(pid)[1] == server]
+        return {"tritonserver": _cpu(server), "stub": sum(_cpu(pid) for pid in stubs), "client": _cpu(os.getpid())}
 
     def _phase_seconds(self) -> dict[str, float]:
         from inflight_backend.server import read_metrics
@@ -179,13 +188,30 @@ class TritonTarget:
                 if name == "inflight_step_seconds_total"}
 
 
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _stat(pid: int) -> tuple[str, int, float]:
+    """(state, parent pid, CPU seconds) of a process from /proc (0 CPU seconds once it has gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return ("X", 0, 0.0)
+    return fields[0], int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(pid: int) -> float:
+    return _stat(pid)[2]
+
+
 class HFStaticTarget:
     """Request-level batching: up to `max_batch_size` arrived requests run to completion together."""
 
-    def __init__(self, checkpoint: str, max_batch_size: int) -> None:
+    def __init__(self, checkpoint: str, max_batch_size: int, dtype: str = "float32") -> None:
         from transformers import LlamaForCausalLM
 
-        self.model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        self.model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval()
         self.max_batch_size = max_batch_size
 
     @torch.inference_mode()
@@ -231,10 +257,10 @@ class HFStaticTarget:
 class HFContinuousTarget:
     """Hugging Face transformers' own continuous batching with paged attention (what `generate_batch` runs)."""
 
-    def __init__(self, checkpoint: str, max_batch_size: int) -> None:
+    def __init__(self, checkpoint: str, max_batch_size: int, dtype: str = "float32") -> None:
         from transformers import LlamaForCausalLM
 
-        self.model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        self.model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval()
         self.max_batch_size = max_batch_size
 
     def run(self, items, arrivals, concurrency=None):
