@@ -124,7 +124,8 @@ def _print_stream(results: queue.SimpleQueue) -> int:
 def _add_build_engine(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=str(DEFAULT_MODEL_DIR))
     p.add_argument("--out", required=True, help="output directory, e.g. build/engines/tiny")
-    p.add_argument("--dtype", default="float32", choices=["float32"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="weights, activations and KV pool of the engine (RMSNorm in fp32, logits fp32)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-tokens", type=int, default=1024)
     p.add_argument("--max-seqs", type=int, default=64)

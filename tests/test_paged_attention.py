@@ -57,6 +57,22 @@ def test_unsupported_dtype_falls_back_to_the_reference(cpu_backend):
     assert torch.equal(out, want)
 
 
+def test_unsupported_dtype_write_kv_falls_back_too(cpu_backend):
+    """A model step writes K/V before it attends: the write must fall back as well, not fail."""
+    backend = NativePagedAttention(cpu_backend.lib, "cpu")
+    _, k_cache, v_cache, meta = random_batch(random.Random(2), num_seqs=2, block_size=4, num_heads=2,
+                                             num_kv_heads=1, head_size=64, max_context=9, max_query=2,
+                                             dtype=torch.float16)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    n = len(meta.slot_mapping)
+    k = torch.randn(n, 1, 64, dtype=torch.float16)
+    v = torch.randn(n, 1, 64, dtype=torch.float16)
+    backend.write_kv(k_cache, v_cache, k, v, meta)
+    TorchPagedAttention().write_kv(k_ref, v_ref, k, v, meta)
+    assert backend._use_fallback
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU kernels not run")
 
 

@@ -13,9 +13,10 @@ except RuntimeError as exc:  # pragma: no cover - depends on the machine
     pytest.skip(str(exc), allow_module_level=True)
 
 
-def build(checkpoint, out, max_num_tokens, max_seqs):
+def build(checkpoint, out, max_num_tokens, max_seqs, dtype="float32"):
     cmd = [sys.executable, "-m", "inflight_backend.cli", "build-engine", "--checkpoint", checkpoint, "--out",
-           str(out), "--max-num-tokens", str(max_num_tokens), "--max-seqs", str(max_seqs), "--max-num-blocks", "256"]
+           str(out), "--max-num-tokens", str(max_num_tokens), "--max-seqs", str(max_seqs), "--max-num-blocks", "256",
+           "--dtype", dtype]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / "engine.json").read_text())
@@ -37,6 +38,17 @@ def test_build_engine_has_one_plugin_layer_per_decoder_layer(checkpoint, layers,
         assert pool_out["shape"] == pool["shape"] and pool_out["dtype"] == pool["dtype"]
         assert q["shape"][1:] != k["shape"][1:] or checkpoint == "tiny_model"  # GQA: fewer KV heads
         assert [t["dtype"] for t in layer["inputs"][4:]] == ["INT32", "INT32", "INT32", "INT64"]
+
+
+@pytest.mark.parametrize("dtype, trt_type", [("float16", "HALF"), ("bfloat16", "BF16")])
+def test_low_precision_engines_run_attention_and_keep_the_pool_in_that_type(dtype, trt_type, gqa_model, tmp_path):
+    info = build(gqa_model, tmp_path / "engine", 128, 8, dtype)
+    assert info["spec"]["dtype"] == dtype and info["num_plugin_layers"] == 3
+    assert info["io"]["kv_pool"] == info["io"]["kv_pool_out"] == trt_type
+    assert info["io"]["logits"] == "FLOAT" and info["io"]["input_ids"] == "INT32"
+    for layer in info["plugin_layers"]:
+        assert [t["dtype"] for t in layer["inputs"][:4]] == [trt_type] * 4
+        assert [t["dtype"] for t in layer["outputs"]] == [trt_type] * 2
 
 
 def test_plugin_type_inference_follows_the_inputs():

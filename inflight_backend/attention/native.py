@@ -79,6 +79,9 @@ class NativePagedAttention(AttentionBackend):
         args = [ctypes.byref(p), _ptr(k), _ptr(v), ctypes.c_int64(k.stride(0)), ctypes.c_int64(k.stride(1)),
                 _ptr(meta.slot_mapping), _ptr(k_cache), _ptr(v_cache)]
         status = self.lib.pa_cuda_write_kv(*args, _stream()) if self.cuda else self.lib.pa_cpu_write_kv(*args)
+        if status in (PA_ERR_DTYPE, PA_ERR_SHAPE):
+            self._fall_back(status, k)
+            return self._fallback.write_kv(k_cache, v_cache, k, v, meta)
         self._check(status)
 
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:

@@ -25,6 +25,7 @@ class TensorRTRunner(ModelRunner):
         register()  # the plan references the PagedAttention creator by name
         path = Path(engine_path)
         spec = json.loads((path / "engine.json").read_text())["spec"]
+        pool_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[spec["dtype"]]
         if spec["block_size"] != block_size:
             raise ValueError(f"engine built for block_size {spec['block_size']}, config asks {block_size}")
         from ..checkpoint import load_config
@@ -39,10 +40,11 @@ class TensorRTRunner(ModelRunner):
         self.context = self.engine.create_execution_context()
         self.device = torch.device("cuda")
         self.kv_pool = torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads,
-                                   cfg.head_dim, dtype=torch.float32, device=self.device)
+                                   cfg.head_dim, dtype=pool_dtype, device=self.device)
+        self.dtype = spec["dtype"]
 
     def describe(self) -> str:
-        return "tensorrt plan, attention: PagedAttention plugin (CUDA kernels)"
+        return f"tensorrt plan ({self.dtype}), attention: PagedAttention plugin (CUDA kernels)"
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> torch.Tensor:

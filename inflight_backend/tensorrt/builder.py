@@ -28,7 +28,8 @@ def parse_network(onnx_path: Path):
     register()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    network = builder.create_network(0)
+    # Strongly typed: the graph's own types (fp32 / fp16 / bf16, fp32 RMSNorm) are what runs.
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
@@ -52,6 +53,13 @@ def describe_plugin_layers(trt, network) -> list[dict]:
             for layer in plugin_layers(trt, network)]
 
 
+def _io(trt, network) -> dict[str, str]:
+    """Type of every network input and output, e.g. {"kv_pool": "HALF", "logits": "FLOAT"}."""
+    tensors = [network.get_input(i) for i in range(network.num_inputs)]
+    tensors += [network.get_output(i) for i in range(network.num_outputs)]
+    return {t.name: str(t.dtype).split(".")[-1] for t in tensors}
+
+
 def profile_shapes(spec: EngineSpec) -> dict[str, tuple[tuple, tuple, tuple]]:
     """(min, opt, max) shape of every dynamic input."""
     cfg = load_config(spec.checkpoint)
@@ -72,7 +80,7 @@ def build_engine(spec: EngineSpec, out_dir: str | Path) -> dict:
     """Write out_dir/{model.onnx, engine.plan, engine.json}; returns the JSON description."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    export(spec.checkpoint, spec.block_size, str(out / "model.onnx"))
+    export(spec.checkpoint, spec.block_size, str(out / "model.onnx"), spec.dtype)
     trt, builder, network = parse_network(out / "model.onnx")
     config = builder.create_builder_config()
     config.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, True)
@@ -88,7 +96,7 @@ def build_engine(spec: EngineSpec, out_dir: str | Path) -> dict:
     description = {"spec": asdict(spec), "tensorrt": f"{trt.__name__} {trt.__version__}",
                    "num_plugin_layers": len(plugin_layers(trt, network)),
                    "plugin_layers": describe_plugin_layers(trt, network),
-                   "num_layers": network.num_layers, "profile": {k: list(map(list, v)) for k, v in shapes.items()},
+                   "num_layers": network.num_layers, "io": _io(trt, network), "profile": {k: list(map(list, v)) for k, v in shapes.items()},
                    "plan_bytes": len(bytes(plan))}
     (out / "engine.json").write_text(json.dumps(description, indent=2))
     return description
