@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/decode_roofline.py --checkpoint build/models/bench-medium [--batches 1 2 4 8 16 32]
                                                    [--dtype float32|bfloat16] [--steps 30] [--repeat 3]
 
-Every decode step reads every weight except the embedding table (gathered, not streamed). The floor is those
-bytes divided by the read bandwidth measured here (a reduction over a tensor of the same size); a step at
-batch 1 cannot beat it. Steps are timed in-process (engine.step(): schedule + model + sample) with every
+Every decode step reads every weight except the embedding table (gathered, not streamed) and does 2 FLOPs per
+weight per sequence. The floor of a step is the larger of: those bytes over the read bandwidth measured here
+(a reduction over a tensor of the same size), and those FLOPs over the GEMM peak measured here (a 2048^3 matmul
+in the same dtype). Steps are timed in-process (engine.step(): schedule + model + sample) with every
 sequence at a 64-token prompt; each figure is the best of --repeat runs of --steps steps.
 """
 from __future__ import annotations
@@ -34,6 +35,11 @@ def read_bandwidth(num_bytes: int, repeat: int) -> float:
     x = torch.ones(num_bytes // 4)
     best = min(_timed(x.sum) for _ in range(max(repeat, 5)))
     return num_bytes / best
+
+
+def gemm_peak(dtype: torch.dtype, repeat: int) -> float:
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    return 2 * 2048 ** 3 / min(_timed(lambda: a @ b) for _ in range(max(repeat, 5)))
 
 
 def step_time(engine: InflightEngine, batch: int, steps: int, repeat: int, tag: str) -> float:
@@ -67,14 +73,18 @@ def main(argv=None) -> None:
     engine = InflightEngine(EngineConfig(checkpoint=args.checkpoint, dtype=args.dtype, max_batch_size=max(args.batches),
                                          max_num_tokens=max(2048, 64 * max(args.batches))))
     weights = streamed_bytes(engine)
+    params = weights // engine.runner.model.lm_head.weight_t.element_size()
     bandwidth = read_bandwidth(weights, args.repeat)
-    floor = weights / bandwidth
+    peak = gemm_peak(engine.runner.dtype, args.repeat)
     print(f"{engine.runner.describe()}; {torch.get_num_threads()} threads; weights streamed per step "
-          f"{weights / 1e6:.0f} MB; read bandwidth {bandwidth / 1e9:.1f} GB/s; floor {floor * 1e3:.2f} ms per step")
-    print("| batch | step (ms) | tokens/s | step / floor |\n|---:|---:|---:|---:|")
+          f"{weights / 1e6:.0f} MB; read bandwidth {bandwidth / 1e9:.1f} GB/s; GEMM peak {peak / 1e9:.0f} GFLOP/s")
+    print("| batch | step (ms) | tokens/s | memory floor (ms) | compute floor (ms) | step / floor | GFLOP/s |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|")
     for batch in args.batches:
         t = step_time(engine, batch, args.steps, args.repeat, f"b{batch}")
-        print(f"| {batch} | {t * 1e3:.2f} | {batch / t:.0f} | {t / floor:.2f} |", flush=True)
+        memory, compute = weights / bandwidth, 2 * params * batch / peak
+        print(f"| {batch} | {t * 1e3:.2f} | {batch / t:.0f} | {memory * 1e3:.2f} | {compute * 1e3:.2f} | "
+              f"{t / max(memory, compute):.2f} | {2 * params * batch / t / 1e9:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
