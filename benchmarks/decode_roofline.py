@@ -1,7 +1,8 @@
 """Decode step time against batch size, next to the memory floor of streaming the weights once per step.
 
     .venv/bin/python benchmarks/decode_roofline.py --checkpoint build/models/bench-medium [--batches 1 2 4 8 16 32]
-                                                   [--dtype float32|bfloat16] [--steps 30] [--repeat 3]
+                                                   [--dtype float32|bfloat16] [--linear-backend auto|native|torch]
+                                                   [--steps 30] [--repeat 3]
 
 Every decode step reads every weight except the embedding table (gathered, not streamed) and does 2 FLOPs per
 weight per sequence. The floor of a step is the larger of: those bytes over the read bandwidth measured here
@@ -28,7 +29,7 @@ from inflight_backend.request import SamplingParams  # noqa: E402
 def streamed_bytes(engine: InflightEngine) -> int:
     model = engine.runner.model
     embedding = model.model.embed_tokens.weight
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)  # packing pads
 
 
 def read_bandwidth(num_bytes: int, repeat: int) -> float:
@@ -67,13 +68,15 @@ def main(argv=None) -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--linear-backend", default="auto", choices=["auto", "native", "torch"])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
     engine = InflightEngine(EngineConfig(checkpoint=args.checkpoint, dtype=args.dtype, max_batch_size=max(args.batches),
-                                         max_num_tokens=max(2048, 64 * max(args.batches))))
+                                         max_num_tokens=max(2048, 64 * max(args.batches)),
+                                         linear_backend=args.linear_backend))
     weights = streamed_bytes(engine)
-    params = weights // engine.runner.model.lm_head.weight_t.element_size()
+    params = weights // engine.runner.dtype.itemsize
     bandwidth = read_bandwidth(weights, args.repeat)
     peak = gemm_peak(engine.runner.dtype, args.repeat)
     print(f"{engine.runner.describe()}; {torch.get_num_threads()} threads; weights streamed per step "

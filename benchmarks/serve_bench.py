@@ -34,7 +34,7 @@ def make_target(spec: str, args, workdir: Path):
     budget = args.chunked_max_num_tokens if chunked else args.max_num_tokens
     params = dict(batching_policy=name, enable_chunked_prefill=bool(chunked), max_batch_size=args.max_batch_size,
                   max_num_tokens=budget, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-                  max_queue_delay_ms=args.max_queue_delay_ms, dtype=args.dtype)
+                  max_queue_delay_ms=args.max_queue_delay_ms, dtype=args.dtype, linear_backend=args.linear_backend)
     if system == "engine":
         return T.EngineTarget(args.checkpoint, **params)
     if system == "triton":
@@ -76,6 +76,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--max-queue-delay-ms", type=float, default=10.0)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="weights and activations of every target, ours and Hugging Face's")
+    parser.add_argument("--linear-backend", default="auto", choices=["auto", "native", "torch"],
+                        help="our engine's CPU linear layers (engine and triton targets)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=4, help="requests run (and discarded) before measuring")
     parser.add_argument("--repeat", type=int, default=1,

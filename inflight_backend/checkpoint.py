@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from .attention import AttentionBackend
-from .models.cpu_layout import use_input_major_linears
+from .models.cpu_layout import convert_cpu_linears
 from .models.llama import LlamaConfig, LlamaForCausalLM
 
 
@@ -40,8 +40,11 @@ def load_tokenizer(path: str) -> Tokenizer:
     return Tokenizer.from_file(tokenizer_file)
 
 
-def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype, device: str) -> LlamaForCausalLM:
-    """Build the model and load every safetensors shard in `path` into it (strictly: no missing/extra weights)."""
+def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype, device: str,
+               linear_backend: str = "auto") -> LlamaForCausalLM:
+    """Build the model and load every safetensors shard in `path` into it (strictly: no missing/extra weights).
+    On the CPU the linear layers take the layout `linear_backend` selects (models/cpu_layout.py); the choice is
+    in `model.linear_layout`."""
     config = load_config(path)
     shards = sorted(glob(os.path.join(path, "*.safetensors")))
     if not shards:
@@ -61,6 +64,7 @@ def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype, device:
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary = type(model.model.rotary)(config)  # rebuild the non-persistent buffer off meta
+    model.linear_layout = "torch (nn.Linear)"
     if torch.device(device).type == "cpu":
-        use_input_major_linears(model)
+        model.linear_layout = convert_cpu_linears(model, linear_backend, dtype)
     return model.to(device).eval()

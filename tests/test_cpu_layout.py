@@ -1,11 +1,42 @@
-"""CPU models keep linear weights transposed (input-major); the result must equal nn.Linear's."""
+"""CPU linear layouts: the native skinny GEMM (packed panels) and the input-major torch layout must both compute
+what nn.Linear computes, for decode-sized and prefill-sized inputs, with and without bias."""
 import pytest
 import torch
 from torch import nn
 
 from inflight_backend.attention import make_backend
 from inflight_backend.checkpoint import load_model
-from inflight_backend.models.cpu_layout import InputMajorLinear, use_input_major_linears
+from inflight_backend.models import skinny_gemm
+from inflight_backend.models.cpu_layout import InputMajorLinear, PackedLinear, convert_cpu_linears
+
+
+@pytest.fixture(scope="module")
+def lib():
+    library = skinny_gemm.load_library()
+    if library is None:
+        pytest.skip("build/lib/libinflight_sgemm_cpu.so is not built with AVX-512 on this machine")
+    return library
+
+
+# Output widths cover full 64-column tiles, a partial last tile and a single partial tile; row counts cover every
+# remainder of the kernel's 6-row blocks and prefill sizes.
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 32, 300])
+@pytest.mark.parametrize("in_features, out_features", [(96, 160), (64, 128), (37, 20)])
+def test_packed_linear_equals_linear(lib, bias, rows, in_features, out_features):
+    torch.manual_seed(rows * 7 + in_features)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    x = torch.randn(rows, in_features)
+    torch.testing.assert_close(PackedLinear(linear, lib)(x), linear(x), atol=1e-5, rtol=1e-5)
+
+
+def test_packed_linear_takes_strided_rows_and_3d_inputs(lib):
+    linear = nn.Linear(48, 70)
+    wide = torch.randn(9, 100)
+    rows = wide[:, 10:58]  # row stride 100, unit column stride
+    torch.testing.assert_close(PackedLinear(linear, lib)(rows), linear(rows), atol=1e-5, rtol=1e-5)
+    batched = torch.randn(2, 3, 48)
+    torch.testing.assert_close(PackedLinear(linear, lib)(batched), linear(batched), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -19,17 +50,30 @@ def test_input_major_linear_equals_linear(bias, rows):
     torch.testing.assert_close(converted(x), linear(x), atol=1e-5, rtol=1e-5)
 
 
-def test_nested_linears_are_all_converted():
+@pytest.mark.parametrize("backend, kind", [("torch", InputMajorLinear), ("native", PackedLinear)])
+def test_nested_linears_are_all_converted(backend, kind):
+    if backend == "native" and skinny_gemm.load_library() is None:
+        pytest.skip("the skinny GEMM library is not built with AVX-512 here")
     model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.ReLU(), nn.Linear(8, 4, bias=False)))
     x = torch.randn(3, 8)
     expected = model(x)
-    use_input_major_linears(model)
+    convert_cpu_linears(model, backend)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
-    torch.testing.assert_close(model(x), expected)
+    assert sum(isinstance(m, kind) for m in model.modules()) == 2
+    torch.testing.assert_close(model(x), expected, atol=1e-6, rtol=1e-6)
 
 
-def test_cpu_checkpoint_loads_input_major_and_keeps_tied_weights(tied_model):
-    model = load_model(tied_model, make_backend("torch", torch.device("cpu")), torch.float32, "cpu")
+def test_native_refuses_what_it_cannot_run():
+    with pytest.raises(RuntimeError, match="fp32"):
+        convert_cpu_linears(nn.Sequential(nn.Linear(4, 4)), "native", torch.bfloat16)
+    with pytest.raises(ValueError, match="linear_backend"):
+        convert_cpu_linears(nn.Sequential(nn.Linear(4, 4)), "mkl")
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_cpu_checkpoint_loads_converted_and_keeps_tied_weights(tied_model, backend):
+    model = load_model(tied_model, make_backend("torch", torch.device("cpu")), torch.float32, "cpu", backend)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
-    # tied embeddings: the LM head is the embedding matrix, transposed
-    torch.testing.assert_close(model.lm_head.weight_t, model.model.embed_tokens.weight.t())
+    x = torch.randn(5, model.config.hidden_size)
+    # tied embeddings: the LM head is the embedding matrix, transposed (the conversion made its own copy)
+    torch.testing.assert_close(model.lm_head(x), x @ model.model.embed_tokens.weight.t(), atol=1e-4, rtol=1e-5)

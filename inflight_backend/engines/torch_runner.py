@@ -16,12 +16,12 @@ class TorchRunner(ModelRunner):
     """Runs a checkpoint with torch on CPU or CUDA over a preallocated paged KV pool."""
 
     def __init__(self, checkpoint: str, num_blocks: int, block_size: int, device: str = "cpu",
-                 dtype: str = "float32", attention: str = "auto") -> None:
+                 dtype: str = "float32", attention: str = "auto", linear: str = "auto") -> None:
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
         self.block_size = block_size
         self.attention = make_backend(attention, self.device)
-        self.model = load_model(checkpoint, self.attention, self.dtype, device)
+        self.model = load_model(checkpoint, self.attention, self.dtype, device, linear)
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
@@ -30,7 +30,8 @@ class TorchRunner(ModelRunner):
                           for _ in range(cfg.num_hidden_layers)]
 
     def describe(self) -> str:
-        return f"pytorch {self.dtype} on {self.device}, attention: {self.attention.name}"
+        return (f"pytorch {self.dtype} on {self.device}, attention: {self.attention.name}, "
+                f"linear: {self.model.linear_layout}")
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> torch.Tensor:

@@ -1,0 +1,62 @@
+"""CPU linear layers side by side: torch (MKL) on input-major weights vs the native skinny GEMM on packed panels.
+
+    .venv/bin/python benchmarks/skinny_gemm.py [--checkpoint build/models/bench-medium] [--rows 1 4 8 16 32 64 2048]
+                                               [--repeat 5]
+
+Shapes are the checkpoint's linear layers (q, k/v, o, gate/up, down, LM head). Every figure is the best of
+--repeat timings of a loop over the same call, so weights may sit in cache; the end-to-end effect is in
+decode_roofline.py and serve_bench.py (`--linear-backend torch|native`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from inflight_backend.checkpoint import load_config  # noqa: E402
+from inflight_backend.models import skinny_gemm  # noqa: E402
+
+
+def best_ms(fn, repeat: int, calls: int = 10) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls)
+    return min(times) * 1e3
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", default="build/models/bench-medium")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 2048])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args(argv)
+    lib = skinny_gemm.load_library()
+    if lib is None:
+        raise SystemExit("build/lib/libinflight_sgemm_cpu.so is missing or built without AVX-512: `make native`")
+    cfg = load_config(args.checkpoint)
+    h, kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim
+    shapes = {"q/o": (h, h), "k/v": (h, kv), "gate/up": (h, cfg.intermediate_size),
+              "down": (cfg.intermediate_size, h), "lm_head": (h, cfg.vocab_size)}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {args.repeat}; ms per call")
+    print("| layer (K x N) | rows | torch input-major | native packed | speed-up |\n|---|---:|---:|---:|---:|")
+    for name, (k, n) in shapes.items():
+        weight_t = torch.randn(k, n)
+        packed = skinny_gemm.pack(lib, weight_t)
+        for rows in args.rows:
+            x = torch.randn(rows, k)
+            torch.testing.assert_close(skinny_gemm.gemm(lib, x, packed, n, None), x @ weight_t, atol=1e-3, rtol=1e-4)
+            mkl = best_ms(lambda: x @ weight_t, args.repeat)
+            native = best_ms(lambda: skinny_gemm.gemm(lib, x, packed, n, None), args.repeat)
+            print(f"| {name} ({k} x {n}) | {rows} | {mkl:.3f} | {native:.3f} | {mkl / native:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+// Skinny GEMM (see include/skinny_gemm.h). Work is split over column tiles of SG_TILE (four AVX-512 vectors);
+// within a tile, the packed (K x SG_TILE) panel is walked in chunks of kChunk rows that stay in L1 while every
+// block of up to 6 rows of x runs over them with 6 x 4 accumulators in registers (partial sums live in y).
+#include "skinny_gemm.h"
+
+#include <string.h>
+
+extern "C" int64_t sg_packed_size(int64_t K, int64_t N) { return (N + SG_TILE - 1) / SG_TILE * K * SG_TILE; }
+
+extern "C" int sg_pack_f32(const float* w, int64_t K, int64_t N, float* packed) {
+  if (K <= 0 || N <= 0) return SG_ERR_SHAPE;
+  const int64_t tiles = (N + SG_TILE - 1) / SG_TILE;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t n0 = t * SG_TILE, width = N - n0 < SG_TILE ? N - n0 : SG_TILE;
+    for (int64_t k = 0; k < K; ++k) {
+      float* dst = packed + (t * K + k) * SG_TILE;
+      memcpy(dst, w + k * N + n0, width * sizeof(float));
+      memset(dst + width, 0, (SG_TILE - width) * sizeof(float));
+    }
+  }
+  return SG_OK;
+}
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+namespace {
+
+constexpr int kRows = 6;
+constexpr int64_t kSlab = 96;    // rows of x per pass over all tiles
+constexpr int64_t kChunk = 128;  // k rows of a panel per pass: 128 x SG_TILE floats = 32 KB, resident in L1
+
+// Rows [0, R) of x times the packed panel's k rows [k0, k0 + kc): accumulate into y (first chunk: start from
+// bias or zero; last chunk: y holds the result).
+template <int R>
+void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t kc, int64_t N, int64_t n0,
+               const __mmask16* masks, const float* bias, bool first, float* y) {
+  __m512 acc[R][4];
+  for (int j = 0; j < 4; ++j) {
+    const __m512 init = first ? (bias ? _mm512_maskz_loadu_ps(masks[j], bias + n0 + 16 * j) : _mm512_setzero_ps())
+                              : _mm512_setzero_ps();
+    for (int i = 0; i < R; ++i)
+      acc[i][j] = first ? init : _mm512_maskz_loadu_ps(masks[j], y + i * N + n0 + 16 * j);
+  }
+  panel += k0 * SG_TILE;
+  x += k0;
+  for (int64_t k = 0; k < kc; ++k, panel += SG_TILE) {
+    const __m512 w0 = _mm512_loadu_ps(panel), w1 = _mm512_loadu_ps(panel + 16);
+    const __m512 w2 = _mm512_loadu_ps(panel + 32), w3 = _mm512_loadu_ps(panel + 48);
+    for (int i = 0; i < R; ++i) {
+      const __m512 xv = _mm512_set1_ps(x[i * ldx + k]);
+      acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
+      acc[i][2] = _mm512_fmadd_ps(xv, w2, acc[i][2]);
+      acc[i][3] = _mm512_fmadd_ps(xv, w3, acc[i][3]);
+    }
+  }
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, masks[j], acc[i][j]);
+}
+
+using RowBlockFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
+                            const __mmask16*, const float*, bool, float*);
+constexpr RowBlockFn kRowBlocks[kRows + 1] = {nullptr, row_block<1>, row_block<2>, row_block<3>,
+                                              row_block<4>, row_block<5>, row_block<6>};
+
+}  // namespace
+
+extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, const float* packed, int64_t N,
+                           const float* bias, float* y) {
+  if (M < 0 || K <= 0 || N <= 0 || ldx < K) return SG_ERR_SHAPE;
+  const int64_t tiles = (N + SG_TILE - 1) / SG_TILE;
+  // Prefill-sized inputs go in slabs of kSlab rows, so a slab of x stays in L2 while every tile uses it.
+  for (int64_t s0 = 0; s0 < M; s0 += kSlab) {
+    const int64_t s1 = M - s0 < kSlab ? M : s0 + kSlab;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t n0 = t * SG_TILE;
+      __mmask16 masks[4];
+      for (int j = 0; j < 4; ++j) {
+        const int64_t left = N - n0 - 16 * j;
+        masks[j] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+      }
+      const float* panel = packed + t * K * SG_TILE;
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        const int64_t kc = K - k0 < kChunk ? K - k0 : kChunk;
+        for (int64_t m0 = s0; m0 < s1; m0 += kRows) {
+          const int rows = (int)(s1 - m0 < kRows ? s1 - m0 : kRows);
+          kRowBlocks[rows](x + m0 * ldx, ldx, panel, k0, kc, N, n0, masks, bias, k0 == 0, y + m0 * N);
+        }
+      }
+    }
+  }
+  return SG_OK;
+}
+
+#else
+
+extern "C" int sg_gemm_f32(const float*, int64_t, int64_t, int64_t, const float*, int64_t, const float*, float*) {
+  return SG_ERR_UNSUPPORTED;
+}
+
+#endif

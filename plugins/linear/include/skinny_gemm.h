@@ -1,0 +1,30 @@
+// Skinny GEMM for decode steps on the CPU: y = x @ w (+ bias) for few rows of x.
+//
+// The weight is packed once, at load time, into column panels: for each tile of SG_TILE output columns, its
+// (K x SG_TILE) slice stored contiguously (zero-padded past N). A decode step has as many rows as running
+// sequences (1..32), where general-purpose GEMMs spend much of their time packing the weight on every call;
+// this kernel streams each packed panel once from memory and keeps it in L2 while every row block of x uses it.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { SG_OK = 0, SG_ERR_UNSUPPORTED = 1, SG_ERR_SHAPE = 2 };
+#define SG_TILE 64
+
+// Floats the packed form of a (K, N) weight takes: ceil(N / SG_TILE) * K * SG_TILE.
+int64_t sg_packed_size(int64_t K, int64_t N);
+
+// w: (K, N) row-major (input-major) -> packed (sg_packed_size floats).
+int sg_pack_f32(const float* w, int64_t K, int64_t N, float* packed);
+
+// y = x @ w + bias. x: (M, K) with row stride ldx (elements); packed: from sg_pack_f32; bias: (N,) or NULL;
+// y: (M, N) contiguous. Returns SG_ERR_UNSUPPORTED when built without AVX-512 (the caller uses its own GEMM).
+int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, const float* packed, int64_t N,
+                const float* bias, float* y);
+
+#ifdef __cplusplus
+}
+#endif
