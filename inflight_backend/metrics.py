@@ -48,10 +48,11 @@ class TritonMetrics:
         self._finished = {reason: finished.Metric(labels={**labels, "reason": reason}) for reason in FINISH_REASONS}
         phases = family("inflight_step_seconds_total", "time in each phase of the iterations", counter)
         self._phases = {phase: phases.Metric(labels={**labels, "phase": phase}) for phase in (*PHASES, "respond")}
-        self._ttft, self._itl, self._e2e = (
+        self._ttft, self._tpot, self._e2e = (
             family(name, desc, histogram).Metric(labels=labels, buckets=LATENCY_BUCKETS) for name, desc in (
                 ("inflight_time_to_first_token_seconds", "arrival to first token"),
-                ("inflight_inter_token_latency_seconds", "time between consecutive tokens of a request"),
+                ("inflight_time_per_output_token_seconds",
+                 "per request: (last token - first token) / (output tokens - 1)"),
                 ("inflight_e2e_request_latency_seconds", "arrival to final response")))
         self._last = EngineStats()
 
@@ -68,9 +69,13 @@ class TritonMetrics:
         self._kv_free.set(stats.kv_blocks_total - stats.kv_blocks_used)
         self._last = stats
 
-    def observe_token(self, since_previous: float, is_first: bool) -> None:
-        (self._ttft if is_first else self._itl).observe(since_previous)
+    def observe_first_token(self, seconds_since_arrival: float) -> None:
+        self._ttft.observe(seconds_since_arrival)
 
-    def observe_finished(self, reason: str, e2e_seconds: float) -> None:
+    def observe_finished(self, reason: str, e2e_seconds: float, time_per_output_token: float | None) -> None:
+        """One request ended; time_per_output_token is None when it produced fewer than two tokens.
+        (Per-token observations would cost one IPC round trip to tritonserver per token.)"""
         self._finished[reason].increment(1)
         self._e2e.observe(e2e_seconds)
+        if time_per_output_token is not None:
+            self._tpot.observe(time_per_output_token)

@@ -23,6 +23,7 @@ from inflight_backend.stats import EngineStats
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _CANCEL_POLL_S = 0.05
+_CANCEL_POLL_BATCH = 8  # streams asked per tick: each open stream at least every ceil(open / 8) ticks
 _METRICS_INTERVAL_S = 0.2  # each metric update is an IPC round trip: publish stats at most this often
 
 
@@ -38,7 +39,9 @@ class _Stream:
     return_perf_metrics: bool
     texts: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
+    first_token_time: float | None = None
     last_token_time: float | None = None
+    num_tokens: int = 0
 
 
 class TritonPythonModel:
@@ -68,6 +71,7 @@ class TritonPythonModel:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._last_poll = 0.0
+        self._poll_cursor = 0
         self._last_publish = 0.0
         self._unpublished: EngineStats | None = None
         self._respond_seconds = 0.0
@@ -155,21 +159,34 @@ class TritonPythonModel:
             stream.ids += out.token_ids
 
     def _observe(self, stream: _Stream, out: RequestOutput) -> None:
+        """Latency histograms, observed once or twice per request (each observation is an IPC round trip)."""
         if out.token_ids:
-            first = stream.last_token_time is None
-            self.metrics.observe_token(out.token_time - (stream.arrival if first else stream.last_token_time), first)
+            if stream.first_token_time is None:
+                stream.first_token_time = out.token_time
+                self.metrics.observe_first_token(out.token_time - stream.arrival)
             stream.last_token_time = out.token_time
+            stream.num_tokens += len(out.token_ids)
         if out.finished:
-            self.metrics.observe_finished(out.finish_reason, time.monotonic() - stream.arrival)
+            per_token = None
+            if stream.num_tokens > 1:
+                per_token = (stream.last_token_time - stream.first_token_time) / (stream.num_tokens - 1)
+            self.metrics.observe_finished(out.finish_reason, time.monotonic() - stream.arrival, per_token)
 
     def _poll_cancelled(self) -> None:
+        """Ask Triton whether clients cancelled, a few streams per tick: every is_cancelled() is an IPC round
+        trip to tritonserver, so a full sweep every tick would cost as much as the responses themselves."""
         now = time.monotonic()
         if now - self._last_poll < _CANCEL_POLL_S:
             return
         self._last_poll = now
         with self._lock:
             open_streams = list(self._streams.items())
-        for req_id, stream in open_streams:
+        if not open_streams:
+            return
+        start = self._poll_cursor % len(open_streams)
+        batch = (open_streams[start:] + open_streams[:start])[:_CANCEL_POLL_BATCH]
+        self._poll_cursor = start + len(batch)
+        for req_id, stream in batch:
             if stream.sender.is_cancelled():
                 self.loop.cancel(req_id)
 

@@ -84,6 +84,9 @@ def test_every_policy_gives_the_transformers_tokens(policy_server, expected, ora
     assert finished == len(oracle_cases)
     assert metric(port, "inflight_e2e_request_latency_seconds_count", model) == len(oracle_cases)
     assert metric(port, "inflight_time_to_first_token_seconds_count", model) == len(oracle_cases)
+    multi_token = sum(len(e) > 1 for e in expected)  # one time-per-output-token observation per such request
+    assert metric(port, "inflight_time_per_output_token_seconds_count", model) == multi_token
+    assert metric(port, "inflight_time_per_output_token_seconds_sum", model) > 0
     preemptions = metric(port, "inflight_preemptions_total", model)
     if model == "max_utilization":
         assert preemptions > 0, "the pool was sized to force preemption"
