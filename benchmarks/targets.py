@@ -1,7 +1,8 @@
 """Systems under test, all driven by the same workload and arrival times and recording per-token times.
 
 - EngineTarget: our engine in-process (the batch loop's threads, no server), any batching policy.
-- TritonTarget: our backend through a real tritonserver, one gRPC stream carrying every request.
+- TritonTarget: our backend through a real tritonserver, one gRPC stream carrying every request; the client
+  requests `output_ids` only (it counts tokens), so the backend builds no text tensors for it.
 - HFStaticTarget: Hugging Face `generate` on static left-padded batches (request-level batching).
 - HFContinuousTarget: Hugging Face's own continuous batching (`generate_batch`'s manager).
 
@@ -153,6 +154,7 @@ class TritonTarget:
             return t
 
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{self.server.grpc_port}")
+        wanted = [grpcclient.InferRequestedOutput("output_ids")]  # token ids are all this client reads
         client.start_stream(callback=callback)
 
         def submit(i):
@@ -160,7 +162,8 @@ class TritonTarget:
             inputs = [tensor("input_ids", np.array(items[i].prompt_ids, dtype=np.int32), "INT32"),
                       tensor("max_tokens", n, "INT32"), tensor("min_tokens", n, "INT32"),
                       tensor("stream", np.array([True]), "BOOL")]
-            client.async_stream_infer("bench", inputs, request_id=str(i), enable_empty_final_response=True)
+            client.async_stream_infer("bench", inputs, request_id=str(i), outputs=wanted,
+                                      enable_empty_final_response=True)
 
         try:
             sub.run(submit)

@@ -37,6 +37,7 @@ class _Stream:
     prefix_ids: list[int]
     arrival: float  # time.monotonic() when execute() received it
     return_perf_metrics: bool
+    outputs: frozenset[str] | None  # the outputs the client asked for; None: all of them
     texts: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     first_token_time: float | None = None
@@ -109,7 +110,7 @@ class TritonPythonModel:
         with self._lock:
             self._streams[req_id] = _Stream(sender, parsed.stream, prefix_text,
                                             parsed.prompt_ids if keep_input else [], arrival,
-                                            parsed.return_perf_metrics)
+                                            parsed.return_perf_metrics, _requested(request))
         self.loop.submit(req_id, parsed.prompt_ids, parsed.params, parsed.priority, arrival)
 
     def _check_queue(self) -> None:
@@ -196,15 +197,27 @@ def _input(request, name):
     return None if tensor is None else tensor.as_numpy()
 
 
+def _requested(request) -> frozenset[str] | None:
+    names = request.requested_output_names()
+    return frozenset(names) if names else None
+
+
 def _response(text: str, token_ids: list[int], out: RequestOutput, stream: _Stream):
-    tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
-               pb_utils.Tensor("output_ids", np.array(token_ids, dtype=np.int32))]
+    """The response tensors, built only for the outputs the client asked for (one response per token: a client
+    that reads output_ids alone skips the text tensor's serialization)."""
+    wanted = stream.outputs
+    tensors = []
+    if wanted is None or "text_output" in wanted:
+        tensors.append(pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)))
+    if wanted is None or "output_ids" in wanted:
+        tensors.append(pb_utils.Tensor("output_ids", np.array(token_ids, dtype=np.int32)))
     if out.finished:
-        tensors += [pb_utils.Tensor("finish_reason", np.array([out.finish_reason.encode()], dtype=np.object_)),
-                    pb_utils.Tensor("num_input_tokens", np.array([out.num_input_tokens], dtype=np.int32)),
-                    pb_utils.Tensor("num_output_tokens", np.array([out.num_output_tokens], dtype=np.int32))]
+        final = {"finish_reason": lambda: np.array([out.finish_reason.encode()], dtype=np.object_),
+                 "num_input_tokens": lambda: np.array([out.num_input_tokens], dtype=np.int32),
+                 "num_output_tokens": lambda: np.array([out.num_output_tokens], dtype=np.int32)}
+        tensors += [pb_utils.Tensor(name, make()) for name, make in final.items() if wanted is None or name in wanted]
         if stream.return_perf_metrics and out.times is not None:
-            tensors += _perf_tensors(out.times)
+            tensors += [t for t in _perf_tensors(out.times) if wanted is None or t.name() in wanted]
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 

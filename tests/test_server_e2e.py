@@ -65,6 +65,17 @@ def test_grpc_stream_deltas_concatenate_to_the_full_decode(server):
     assert not any(t.endswith("\ufffd") for t in out.texts[:-1])  # an incomplete character is held back
 
 
+def test_only_the_requested_outputs_are_sent(server):
+    values = {"text_input": "requested outputs", "max_tokens": 12, "min_tokens": 12, "stream": True}
+    everything = grpc_generate(url(server), "llm", values)
+    ids_only = grpc_generate(url(server), "llm", values, outputs=["output_ids"])
+    assert ids_only.error is None and ids_only.ids == everything.ids and len(ids_only.ids) == 12
+    assert ids_only.output_names == {"output_ids"}
+    assert {"text_output", "output_ids", "finish_reason", "num_output_tokens"} <= everything.output_names
+    reason = grpc_generate(url(server), "llm", values, outputs=["output_ids", "finish_reason"])
+    assert reason.finish_reason == "length" and reason.output_names == {"output_ids", "finish_reason"}
+
+
 def test_http_generate_stream_and_generate(server):
     prompt = "Grüße aus München ✓"
     status, body = http_post(server.http_port, "/v2/models/llm/generate_stream",

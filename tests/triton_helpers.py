@@ -45,6 +45,7 @@ class StreamResult:
     num_output_tokens: int | None = None
     error: str | None = None
     final: bool = False
+    output_names: set[str] = field(default_factory=set)  # every output any response carried
 
     @property
     def text(self) -> str:
@@ -52,15 +53,19 @@ class StreamResult:
 
 
 def grpc_generate(url: str, model: str, values: dict, types: dict | None = None, cancel_after: int | None = None,
-                  timeout: float = 120.0, on_token=None, cancel_event=None) -> StreamResult:
+                  timeout: float = 120.0, on_token=None, cancel_event=None, outputs: list[str] | None = None
+                  ) -> StreamResult:
     """Send one request on its own gRPC stream and collect every response until the FINAL flag.
-    The stream is cancelled after `cancel_after` tokens, or at the first response after `cancel_event` is set."""
+    The stream is cancelled after `cancel_after` tokens, or at the first response after `cancel_event` is set.
+    `outputs` names the outputs to request (default: all)."""
     responses: queue.SimpleQueue = queue.SimpleQueue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: responses.put((result, error, time.monotonic())))
     out = StreamResult()
     try:
-        client.async_stream_infer(model, infer_inputs(values, types), enable_empty_final_response=True)
+        requested = [grpcclient.InferRequestedOutput(name) for name in outputs] if outputs else None
+        client.async_stream_infer(model, infer_inputs(values, types), outputs=requested,
+                                  enable_empty_final_response=True)
         deadline = time.monotonic() + timeout
         while not out.final:
             result, error, when = responses.get(timeout=max(deadline - time.monotonic(), 0.1))
@@ -89,10 +94,13 @@ def _collect(out: StreamResult, result, when: float) -> None:
     if ids is not None and ids.size:
         out.ids += ids.reshape(-1).tolist()
         out.token_times += [when] * ids.size
+    out.output_names.update(o.name for o in result.get_response().outputs)
     if (reason := result.as_numpy("finish_reason")) is not None:
         out.finish_reason = reason.reshape(-1)[0].decode()
-        out.num_input_tokens = int(result.as_numpy("num_input_tokens")[0])
-        out.num_output_tokens = int(result.as_numpy("num_output_tokens")[0])
+    if (count := result.as_numpy("num_input_tokens")) is not None:
+        out.num_input_tokens = int(count[0])
+    if (count := result.as_numpy("num_output_tokens")) is not None:
+        out.num_output_tokens = int(count[0])
 
 
 def http_post(port: int, path: str, body: dict) -> tuple[int, str]:
