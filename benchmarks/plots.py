@@ -5,6 +5,8 @@
 - load.png: output tokens/s against p99 TTFT and p99 inter-token latency, one line per target across load points.
 - timeline-TARGET.png: one run's batch composition over time (prefill and decode tokens per step, running and
   waiting requests), for every run that recorded a timeline.
+- printed: the same composition as a markdown table (time, steps and tokens by number of running sequences),
+  which docs/PERFORMANCE.md quotes.
 """
 from __future__ import annotations
 
@@ -59,6 +61,30 @@ def timeline_plot(run: dict, out: Path) -> Path:
     return path
 
 
+RUNNING_BUCKETS = ((32, None), (16, 31), (8, 15), (1, 7))
+
+
+def composition_table(run: dict) -> str:
+    """Seconds, steps, decode and prefill tokens of one run, by how many sequences were running at each step."""
+    rows = {bucket: [0.0, 0, 0, 0] for bucket in RUNNING_BUCKETS}
+    timeline = run["timeline"]
+    for (before, *_), (when, prefill, decode, running, _waiting) in zip(timeline, timeline[1:]):
+        for low, high in RUNNING_BUCKETS:
+            if running >= low and (high is None or running <= high):
+                row = rows[(low, high)]
+                row[0] += when - before
+                row[1] += 1
+                row[2] += decode
+                row[3] += prefill
+    lines = [f"{run['target']} ({run['load']}{', round ' + str(run['round'] + 1) if 'round' in run else ''}): "
+             f"{run['duration_s']:.1f} s", "| running sequences | seconds | steps | decode tokens | prefill tokens |",
+             "|---|---:|---:|---:|---:|"]
+    for (low, high), (seconds, steps, decode, prefill) in rows.items():
+        label = f">= {low}" if high is None else f"{low}-{high}"
+        lines.append(f"| {label} | {seconds:.2f} | {steps} | {decode} | {prefill} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+")
@@ -71,6 +97,7 @@ def main() -> None:
     for run in runs:
         if run.get("timeline"):
             print(timeline_plot(run, out))
+            print(composition_table(run))
 
 
 if __name__ == "__main__":

@@ -84,9 +84,13 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
       const float* panel = packed + t * K * SG_TILE;
       for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
         const int64_t kc = K - k0 < kChunk ? K - k0 : kChunk;
-        for (int64_t m0 = s0; m0 < s1; m0 += kRows) {
-          const int rows = (int)(s1 - m0 < kRows ? s1 - m0 : kRows);
+        // Rows split as evenly as blocks of at most kRows allow (32 rows: 6,6,5,5,5,5, not 6,6,6,6,6,2): a
+        // block of few rows pays a whole pass over the chunk for little work.
+        const int64_t blocks = (s1 - s0 + kRows - 1) / kRows, base = (s1 - s0) / blocks, extra = (s1 - s0) % blocks;
+        for (int64_t b = 0, m0 = s0; b < blocks; ++b) {
+          const int rows = (int)(base + (b < extra ? 1 : 0));
           kRowBlocks[rows](x + m0 * ldx, ldx, panel, k0, kc, N, n0, masks, bias, k0 == 0, y + m0 * N);
+          m0 += rows;
         }
       }
     }
