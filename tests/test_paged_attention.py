@@ -46,6 +46,19 @@ def test_cpu_write_kv_scatters_into_slots(cpu_backend):
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
 
 
+@pytest.mark.parametrize("scale", [1.0, 5.0, 20.0])
+def test_large_score_gaps_match_the_reference(cpu_backend, scale):
+    """Scores that differ by more than 87 (e^-87 is below fp32's smallest normal) must weigh ~0, not NaN."""
+    q, k_cache, v_cache, meta = random_batch(random.Random(3), num_seqs=3, block_size=4, num_heads=2,
+                                             num_kv_heads=1, head_size=64, max_context=40, max_query=3,
+                                             dtype=torch.float32)
+    q = q * scale  # query norms grow the score gaps well past 87
+    out = cpu_backend.forward(q, k_cache, v_cache, meta, 1.0)
+    want = TorchPagedAttention().forward(q, k_cache, v_cache, meta, 1.0)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+
+
 def test_unsupported_dtype_falls_back_to_the_reference(cpu_backend):
     backend = NativePagedAttention(cpu_backend.lib, "cpu")
     q, k_cache, v_cache, meta = random_batch(random.Random(1), num_seqs=2, block_size=4, num_heads=2,

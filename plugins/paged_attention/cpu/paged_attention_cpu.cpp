@@ -60,7 +60,9 @@ inline float dot(const float* __restrict a, const float* __restrict b, int n) {
 // exp(x) for x <= 0 in fp32, written so the compiler vectorises it (std::exp does not): 2^(x log2 e) as
 // 2^n * 2^f with a degree-6 polynomial for 2^f, f in [-0.5, 0.5]; relative error ~2e-7.
 inline float exp_neg(float x) {
-  const float y = std::max(x, -126.f) * 1.44269504088896341f;
+  // Below -87, e^x is under fp32's smallest normal: the result is exactly 0 (not a denormal, and not 2^n with
+  // an invalid biased exponent, which is what clamping at -126 produced: NaN or garbage for score gaps > 87).
+  const float y = std::max(x, -87.f) * 1.44269504088896341f;
   const float n = std::nearbyint(y), f = y - n;
   float r = 1.53552577e-4f;
   r = r * f + 1.33988708e-3f;
@@ -72,7 +74,7 @@ inline float exp_neg(float x) {
   const int32_t bits = (int32_t(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return r * scale;
+  return x > -87.f ? r * scale : 0.f;
 }
 
 template <typename T>
