@@ -15,6 +15,8 @@ def test_parameters_are_typed_and_paths_resolved(tmp_path):
     ({"checkpoint": "m", "blok_size": "4"}, "unknown parameters"),
     ({"checkpoint": "m", "block_size": "x"}, "expected int"),
     ({"checkpoint": "m", "device": "tpu"}, "device"),
+    ({"checkpoint": "m", "linear_backend": "mkl"}, "linear_backend must be one of"),
+    ({"checkpoint": "m", "attention_backend": "flash"}, "attention_backend must be one of"),
     ({"checkpoint": "m", "max_batch_size": "8", "max_num_tokens": "4"}, "max_num_tokens"),
 ])
 def test_invalid_parameters_are_rejected_with_the_reason(params, message):
