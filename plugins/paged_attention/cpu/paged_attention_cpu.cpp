@@ -1,6 +1,7 @@
 // Paged attention on the CPU: walks each sequence's block table directly (no gather copies), one OpenMP task
 // per (sequence, KV head) so K and V rows are read once for every query head of the group, and keeps an
-// online softmax in fp32, rescaling once per chunk of keys.
+// online softmax in fp32, rescaling once per chunk of keys. Prefill queries of one sequence go in blocks, so
+// each K/V row read serves every (query, head) row of the block; causal limits mask per row.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -130,17 +131,25 @@ inline void accumulate(const bf16* const* rows, int n, const float* scores, int 
   }
 }
 
+constexpr int kMaxRows = 16;  // (query, head) rows per block: queries per block = max(1, kMaxRows / group)
+
 struct Scratch {  // per-thread buffers, allocated once per call
   std::vector<float> q, acc, scores, buf, m, l;
-  Scratch(int group, int D) : q(group * D), acc(group * D), scores(group * kChunk), buf(D), m(group), l(group) {}
+  std::vector<int> limit;
+  Scratch(int rows, int D)
+      : q(rows * D), acc(rows * D), scores(rows * kChunk), buf(D), m(rows), l(rows), limit(rows) {}
 };
 
-// Attention of `group` query heads (already scaled, in w.q) over keys [0, num_keys); result into out.
+// Attention of `rows` query rows (already scaled, in w.q; row r sees keys [0, w.limit[r]), limits ascending)
+// over keys [0, num_keys), num_keys = the largest limit. Row r is head r % group_size of token r / group_size:
+// its result goes to out + (r / group_size) * out_token_stride + (r % group_size) * out_head_stride. (Per-row
+// output pointers instead made the whole loop 2x slower: the compiler could no longer keep its arrays apart.)
 template <typename T>
-void attend(const pa_params& p, int group, const Seq<T>& k, const Seq<T>& v, int num_keys, Scratch& w, T* out,
-            int64_t out_head_stride) {
-  const int D = p.head_size;
+void attend(const pa_params& p, int rows, int group_size, const Seq<T>& k, const Seq<T>& v, int num_keys,
+            Scratch& w, T* out, int64_t out_token_stride, int64_t out_head_stride) {
+  const int D = p.head_size, group = rows;
   const float* q = w.q.data();
+  const int* limit = w.limit.data();
   float *acc = w.acc.data(), *scores = w.scores.data(), *buf = w.buf.data(), *m = w.m.data(), *l = w.l.data();
   std::fill(m, m + group, -std::numeric_limits<float>::infinity());
   std::fill(l, l + group, 0.f);
@@ -154,6 +163,9 @@ void attend(const pa_params& p, int group, const Seq<T>& k, const Seq<T>& v, int
       const float* krow = as_floats(krows[i], buf, D);
       for (int g = 0; g < group; ++g) scores[g * kChunk + i] = dot(q + g * D, krow, D);
     }
+    if (k0 + n > limit[0])  // causal mask, only in the last chunks of a query block (rows' limits ascend)
+      for (int g = 0; g < group; ++g)
+        for (int i = std::max(0, limit[g] - k0); i < n; ++i) scores[g * kChunk + i] = -std::numeric_limits<float>::infinity();
     for (int g = 0; g < group; ++g) {
       float* s = scores + g * kChunk;
       const float m_new = std::max(m[g], *std::max_element(s, s + n));
@@ -175,7 +187,8 @@ void attend(const pa_params& p, int group, const Seq<T>& k, const Seq<T>& v, int
   }
   for (int g = 0; g < group; ++g) {
     const float inv = 1.f / l[g];
-    for (int d = 0; d < D; ++d) out[g * out_head_stride + d] = from_float<T>(acc[g * D + d] * inv);
+    T* dst = out + (g / group_size) * out_token_stride + (g % group_size) * out_head_stride;
+    for (int d = 0; d < D; ++d) dst[d] = from_float<T>(acc[g * D + d] * inv);
   }
 }
 
@@ -183,23 +196,30 @@ template <typename T>
 void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const int32_t* block_tables,
                const int32_t* context_lens, const int32_t* qsl, T* out) {
   const int group = p.num_heads / p.num_kv_heads, D = p.head_size;
+  const int block = std::max(1, kMaxRows / group);  // queries per block
 #pragma omp parallel
   {
-    Scratch w(group, D);
+    Scratch w(block * group, D);
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int s = 0; s < p.num_seqs; ++s) {
       for (int h = 0; h < p.num_kv_heads; ++h) {
         const int32_t* table = block_tables + int64_t(s) * p.max_blocks_per_seq;
         const Seq<T> k{kc, table, &p, h}, v{vc, table, &p, h};
         const int q0 = qsl[s], num_q = qsl[s + 1] - qsl[s], len = context_lens[s];
-        for (int j = 0; j < num_q; ++j) {
-          const int64_t t = q0 + j;
-          for (int g = 0; g < group; ++g) {
-            const T* row = q + t * p.q_stride_token + int64_t(h * group + g) * p.q_stride_head;
-            for (int d = 0; d < D; ++d) w.q[g * D + d] = to_float(row[d]) * p.scale;
+        for (int j0 = 0; j0 < num_q; j0 += block) {
+          const int nq = std::min(block, num_q - j0);
+          for (int j = 0; j < nq; ++j) {
+            const int64_t t = q0 + j0 + j;
+            for (int g = 0; g < group; ++g) {
+              const int r = j * group + g;
+              const T* row = q + t * p.q_stride_token + int64_t(h * group + g) * p.q_stride_head;
+              for (int d = 0; d < D; ++d) w.q[r * D + d] = to_float(row[d]) * p.scale;
+              w.limit[r] = len - num_q + j0 + j + 1;  // causal: query j0 + j sees this many keys
+            }
           }
-          T* dst = out + t * p.out_stride_token + int64_t(h * group) * p.out_stride_head;
-          attend(p, group, k, v, len - num_q + j + 1, w, dst, p.out_stride_head);
+          attend(p, nq * group, group, k, v, len - num_q + j0 + nq, w,
+                 out + (q0 + j0) * p.out_stride_token + int64_t(h * group) * p.out_stride_head, p.out_stride_token,
+                 p.out_stride_head);
         }
       }
     }
