@@ -40,9 +40,7 @@ class _Stream:
     outputs: frozenset[str] | None  # the outputs the client asked for; None: all of them
     texts: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    num_tokens: int = 0
+    first_token_seen: bool = False
 
 
 class TritonPythonModel:
@@ -161,16 +159,13 @@ class TritonPythonModel:
 
     def _observe(self, stream: _Stream, out: RequestOutput) -> None:
         """Latency histograms, observed once or twice per request (each observation is an IPC round trip)."""
-        if out.token_ids:
-            if stream.first_token_time is None:
-                stream.first_token_time = out.token_time
-                self.metrics.observe_first_token(out.token_time - stream.arrival)
-            stream.last_token_time = out.token_time
-            stream.num_tokens += len(out.token_ids)
+        if out.token_ids and not stream.first_token_seen:
+            stream.first_token_seen = True
+            self.metrics.observe_first_token(out.token_time - stream.arrival)
         if out.finished:
-            per_token = None
-            if stream.num_tokens > 1:
-                per_token = (stream.last_token_time - stream.first_token_time) / (stream.num_tokens - 1)
+            per_token, times = None, out.times  # the engine's own first/last token times and token count
+            if times is not None and out.num_output_tokens > 1:
+                per_token = (times.last_token - times.first_token) / (out.num_output_tokens - 1)
             self.metrics.observe_finished(out.finish_reason, time.monotonic() - stream.arrival, per_token)
 
     def _poll_cancelled(self) -> None:

@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..config import LINEAR_BACKENDS
 from . import skinny_gemm
-
-LINEAR_BACKENDS = ("auto", "native", "torch")
 
 
 class InputMajorLinear(nn.Module):
