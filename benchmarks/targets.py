@@ -90,12 +90,12 @@ class EngineTarget:
                                   stats.num_running, stats.num_waiting))
 
         loop = BatchLoop(self.engine, emit)
-        cpu_before = _cpu(os.getpid())
+        cpu_before = time.process_time()
         try:
             sub.run(lambda i: loop.submit(str(i), items[i].prompt_ids, _forced(items[i].output_len)))
         finally:
             loop.stop()
-        return records, {**_engine_extra(self.engine, before), "cpu_seconds": {"process": _cpu(os.getpid()) - cpu_before}}
+        return records, {**_engine_extra(self.engine, before), "cpu_seconds": {"process": time.process_time() - cpu_before}}
 
 
 def _forced(n: int) -> SamplingParams:
@@ -180,8 +180,9 @@ class TritonTarget:
     def _cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) so far of tritonserver, of the model's stub process, and of this client."""
         server = self.server.process.pid
-        stubs = [pid for pid in _pids() if _stat(pid)[1] == server]
-        return {"tritonserver": _cpu(server), "stub": sum(_cpu(pid) for pid in stubs), "client": _cpu(os.getpid())}
+        children = [stat for stat in map(_proc_stat, _pids()) if stat[0] == server]
+        return {"tritonserver": _proc_stat(server)[1], "stub": sum(cpu for _, cpu in children),
+                "client": time.process_time()}
 
     def _phase_seconds(self) -> dict[str, float]:
         from inflight_backend.server import read_metrics
@@ -195,17 +196,13 @@ def _pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
-def _stat(pid: int) -> tuple[str, int, float]:
-    """(state, parent pid, CPU seconds) of a process from /proc (0 CPU seconds once it has gone)."""
+def _proc_stat(pid: int) -> tuple[int, float]:
+    """(parent pid, CPU seconds: user + system) of a process from /proc; (0, 0.0) once it has gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return ("X", 0, 0.0)
-    return fields[0], int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _cpu(pid: int) -> float:
-    return _stat(pid)[2]
+    except FileNotFoundError:
+        return 0, 0.0
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class HFStaticTarget:
