@@ -4,7 +4,9 @@
         --workload build/bench/workload.jsonl --mode saturation \\
         --targets engine:static engine:prefill_first engine:fused engine:fused+chunked triton:fused hf:static hf:batch
 
-Targets: `engine:POLICY[+chunked]` (in-process), `triton:POLICY[+chunked]` (a real tritonserver, gRPC streaming),
+Targets: `engine:POLICY[+chunked]` (in-process), `triton:POLICY[+chunked]` (a real tritonserver, gRPC streaming);
+`+chunkedN` sets that target's token budget to N instead of --chunked-max-num-tokens, `+chunkedNcapC` also caps
+one request's prompt tokens per step at C (`max_chunk_tokens`);
 `hf:static` (transformers `generate`, static batches), `hf:batch` (transformers' continuous batching).
 Modes: `saturation` (everything arrives at once), `poisson --rates R ...` (open loop, requests/s),
 `concurrency --concurrency N ...` (closed loop). TTFT counts from each request's scheduled arrival.
@@ -31,9 +33,9 @@ def make_target(spec: str, args, workdir: Path):
         cls = {"static": T.HFStaticTarget, "batch": T.HFContinuousTarget}[policy]
         return cls(args.checkpoint, args.max_batch_size, args.dtype)
     name, _, chunked = policy.partition("+")
-    budget = args.chunked_max_num_tokens if chunked else args.max_num_tokens
+    budget, cap = chunk_budget(chunked, args.chunked_max_num_tokens) if chunked else (args.max_num_tokens, 0)
     params = dict(batching_policy=name, enable_chunked_prefill=bool(chunked), max_batch_size=args.max_batch_size,
-                  max_num_tokens=budget, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                  max_num_tokens=budget, max_chunk_tokens=cap, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                   max_queue_delay_ms=args.max_queue_delay_ms, dtype=args.dtype, linear_backend=args.linear_backend)
     if system == "engine":
         return T.EngineTarget(args.checkpoint, **params)
@@ -41,6 +43,16 @@ def make_target(spec: str, args, workdir: Path):
         params["enable_chunked_prefill"] = str(bool(chunked)).lower()
         return T.TritonTarget(args.checkpoint, workdir / spec.replace(":", "-").replace("+", "-"), **params)
     raise SystemExit(f"unknown target {spec!r}")
+
+
+def chunk_budget(suffix: str, default: int) -> tuple[int, int]:
+    """(token budget, per-request chunk cap) of a `+chunked`, `+chunkedN` or `+chunkedNcapC` target."""
+    budget, sep, cap = suffix.removeprefix("chunked").partition("cap")
+    valid = suffix.startswith("chunked") and (budget == "" or budget.isdigit()) and (not sep or cap.isdigit())
+    if not valid:
+        raise SystemExit(f"unknown target suffix +{suffix}: use +chunked, +chunkedN (N tokens per step) or "
+                         "+chunkedNcapC (at most C of them for one request)")
+    return int(budget) if budget else default, int(cap) if cap else 0
 
 
 def arrival_sets(args, n: int):
@@ -83,20 +95,32 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds: every target runs once per round, in turn, so slow phases of a noisy machine "
                              "hit all targets; ratios are taken within each round")
+    parser.add_argument("--load-fraction", type=float, default=0.0,
+                        help="poisson mode: instead of --rates, each round first runs the first target at "
+                             "saturation and then every target at this fraction of the requests/s it reached")
     parser.add_argument("--ratios", nargs="+", default=[], metavar="A/B",
-                        help="print output tokens/s of target A over target B, per round and their median")
+                        help="print target A's metric over target B's, per round and their median")
+    parser.add_argument("--ratio-metrics", nargs="+", default=["output_tokens_per_s"], metavar="METRIC",
+                        help="summary fields the ratios compare (e.g. itl_p99_s ttft_p50_s)")
     parser.add_argument("--out", help="write all runs as JSON here")
     args = parser.parse_args(argv)
     items = load(args.workload)
     runs = []
     with tempfile.TemporaryDirectory(prefix="inflight-bench-") as tmp:
         for rnd in range(args.repeat):
+            round_args = args
+            if args.load_fraction:
+                saturated = run_target(args.targets[0], argparse.Namespace(**{**vars(args), "mode": "saturation"}),
+                                       Path(tmp), items, rnd)
+                runs.extend(saturated)
+                rate = args.load_fraction * saturated[0]["requests_per_s"]
+                round_args = argparse.Namespace(**{**vars(args), "mode": "poisson", "rates": [round(rate, 2)]})
             for spec in args.targets:
-                runs.extend(run_target(spec, args, Path(tmp), items, rnd))
+                runs.extend(run_target(spec, round_args, Path(tmp), items, rnd))
     print(table(runs))
-    if args.ratios:
+    for metric in args.ratio_metrics if args.ratios else []:
         print()
-        print(ratio_table(runs, [tuple(pair.split("/")) for pair in args.ratios]))
+        print(ratio_table(runs, [tuple(pair.split("/")) for pair in args.ratios], metric))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
@@ -122,15 +146,23 @@ def run_target(spec: str, args, workdir: Path, items, rnd: int) -> list[dict]:
     return runs
 
 
-def ratio_table(runs: list[dict], pairs: list[tuple[str, str]]) -> str:
-    """Output tokens/s of A over B for each (A, B), per round (same load point), and their median."""
-    by = {(r["round"], r["load"], r["target"]): r["output_tokens_per_s"] for r in runs}
+def ratio_table(runs: list[dict], pairs: list[tuple[str, str]], metric: str = "output_tokens_per_s") -> str:
+    """`metric` of A over B for each (A, B), per round (same load point), and their median. Load points are
+    matched by their position in the round, so --load-fraction rounds (one rate each) line up too."""
+    by = {}
+    for r in runs:
+        points = [x["load"] for x in runs if x["round"] == r["round"] and x["target"] == r["target"]
+                  and x["load"] != "saturation"]
+        by[(r["round"], points.index(r["load"]) if r["load"] != "saturation" else -1, r["target"])] = r
     rounds = sorted({r["round"] for r in runs})
-    lines = ["| load | A / B (output tok/s) | per round | median |", "|---|---|---|---:|"]
-    for load in dict.fromkeys(r["load"] for r in runs):
+    lines = [f"| load | A / B ({metric}) | per round | median |", "|---|---|---|---:|"]
+    for point in sorted({key[1] for key in by}):
         for a, b in pairs:
-            ratios = [by[(n, load, a)] / by[(n, load, b)] for n in rounds if (n, load, a) in by and (n, load, b) in by]
-            if ratios:
+            pairs_found = [(by[(n, point, a)], by[(n, point, b)]) for n in rounds
+                           if (n, point, a) in by and (n, point, b) in by]
+            if pairs_found:
+                ratios = [x[metric] / y[metric] for x, y in pairs_found]
+                load = " ".join(dict.fromkeys(x["load"] for x, _ in pairs_found))
                 lines.append(f"| {load} | {a} / {b} | {' '.join(f'{x:.2f}' for x in ratios)} | "
                              f"{percentile(ratios, 50):.2f} |")
     return "\n".join(lines)

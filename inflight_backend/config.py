@@ -33,6 +33,7 @@ class EngineConfig:
     max_batch_size: int = 64  # running sequences per iteration
     max_num_tokens: int = 1024  # packed tokens per iteration (prefill + decode)
     enable_chunked_prefill: bool = False
+    max_chunk_tokens: int = 0  # chunked prefill: most prompt tokens one request computes per step; 0: the budget
     batching_policy: str = "fused"  # static | prefill_first | fused
     capacity_policy: str = "guaranteed_no_evict"  # guaranteed_no_evict | max_utilization
     max_queue_delay_ms: float = 0.0  # static: how long a partial batch waits to fill
@@ -56,6 +57,7 @@ class EngineConfig:
         _check(self.max_batch_size >= 1, f"max_batch_size must be >= 1, got {self.max_batch_size}")
         _check(self.max_num_tokens >= self.max_batch_size,
                f"max_num_tokens ({self.max_num_tokens}) must be >= max_batch_size ({self.max_batch_size})")
+        _check(self.max_chunk_tokens >= 0, f"max_chunk_tokens must be >= 0, got {self.max_chunk_tokens}")
         _check(self.default_max_tokens >= 1, "default_max_tokens must be >= 1")
         _check(self.batching_policy in BATCHING_POLICIES,
                f"batching_policy must be one of {BATCHING_POLICIES}, got {self.batching_policy!r}")

@@ -27,6 +27,12 @@ class SchedulerConfig:
     capacity_policy: str = "guaranteed_no_evict"
     max_queue_delay_s: float = 0.0  # static: how long a partial batch waits for more requests
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds
+    max_chunk_tokens: int = 0  # chunked prefill: one request's prompt tokens per step; 0: the whole budget
+
+    @property
+    def chunk_limit(self) -> int:
+        """Most prompt tokens one request may take in a step (the budget bounds it too)."""
+        return self.max_chunk_tokens if self.enable_chunked_prefill and self.max_chunk_tokens else self.max_num_tokens
 
 
 @dataclass(slots=True)
@@ -125,17 +131,19 @@ class Scheduler:
                 return
             if request.status != RequestStatus.RUNNING or is_decode(request) != decodes:
                 continue  # preempted earlier in this loop, or the other kind (each request is one kind per step)
-            self._schedule(out, request, min(request.num_uncomputed_tokens, self._budget))
+            limit = self._budget if decodes else min(self._budget, self.config.chunk_limit)
+            self._schedule(out, request, min(request.num_uncomputed_tokens, limit))
 
     def _admit(self, out: SchedulerOutput) -> None:
         while self.waiting and self._budget > 0 and len(self.running) < self.config.max_batch_size:
             request = self._next_waiting()
             num_tokens = request.num_uncomputed_tokens
-            if num_tokens > self._budget:
+            limit = min(self._budget, self.config.chunk_limit)
+            if num_tokens > limit:
                 # A preempted request recomputes in chunks whatever the setting: it may have outgrown the budget.
                 if not (self.config.enable_chunked_prefill or request.num_preemptions):
                     return
-                num_tokens = self._budget
+                num_tokens = limit
             if not self._fits(request):
                 return  # head-of-line: the next request waits its turn rather than overtaking
             self.waiting.remove(request)

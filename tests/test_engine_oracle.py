@@ -43,6 +43,18 @@ def test_greedy_tokens_match_transformers_with_staggered_arrivals(setup, oracle_
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
+def test_chunked_prefill_under_a_chunk_cap_matches_transformers(setup, oracle_cases):
+    path, expected = setup
+    engine = InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=256, max_batch_size=8, max_num_tokens=40,
+                                         enable_chunked_prefill=True, max_chunk_tokens=13))
+    chunks, execute = [], engine.runner.execute
+    engine.runner.execute = lambda out: chunks.extend(i.num_tokens for i in out.scheduled if not i.is_decode) or \
+        execute(out)
+    got, _ = run(engine, oracle_cases, arrive_at_step=[2 * i for i in range(len(oracle_cases))])
+    assert got == expected
+    assert max(chunks) == 13 and engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
 def test_one_at_a_time_matches_transformers(setup, oracle_cases):
     path, expected = setup
     engine = InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=64))

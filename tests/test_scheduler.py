@@ -6,9 +6,10 @@ from inflight_backend.request import Request, RequestStatus, SamplingParams
 from inflight_backend.scheduler import Scheduler, SchedulerConfig
 
 
-def make(max_batch_size=4, max_num_tokens=64, num_blocks=64, block_size=4, chunked=False):
+def make(max_batch_size=4, max_num_tokens=64, num_blocks=64, block_size=4, chunked=False, max_chunk_tokens=0):
     bm = BlockManager(num_blocks, block_size)
-    return Scheduler(SchedulerConfig(max_batch_size, max_num_tokens, chunked), bm), bm
+    return Scheduler(SchedulerConfig(max_batch_size, max_num_tokens, chunked, max_chunk_tokens=max_chunk_tokens),
+                     bm), bm
 
 
 def request(i, prompt_len, max_tokens):
@@ -69,6 +70,21 @@ def test_chunked_prefill_splits_a_long_prompt_and_samples_on_the_last_chunk():
         out = run_step(sched)
         chunks.append((out.scheduled[0].num_tokens, out.scheduled[0].sample))
     assert chunks == [(8, False), (8, False), (4, True)]
+
+
+def test_max_chunk_tokens_lets_a_new_prompt_share_steps_with_a_long_one():
+    uncapped, _ = make(max_num_tokens=16, num_blocks=128, chunked=True)
+    capped, _ = make(max_num_tokens=16, num_blocks=128, chunked=True, max_chunk_tokens=10)
+    for sched in (uncapped, capped):
+        sched.add(request(0, 60, 2))
+        run_step(sched)
+        sched.add(request(1, 5, 2))
+    # Uncapped, the long prompt's chunk takes the whole budget and the newcomer waits for its last chunk.
+    out = run_step(uncapped)
+    assert [(item.request.req_id, item.num_tokens) for item in out.scheduled] == [("0", 16)]
+    out = run_step(capped)
+    assert [(item.request.req_id, item.num_tokens) for item in out.scheduled] == [("0", 10), ("1", 5)]
+    assert out.scheduled[1].sample  # the short prompt's whole prompt went in: it samples in this step
 
 
 def test_random_workloads_never_leak_or_overrun():

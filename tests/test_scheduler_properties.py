@@ -36,16 +36,16 @@ arrivals = st.lists(st.builds(Arrival, st.integers(0, 10), st.integers(1, 60), s
 @given(arrivals=arrivals, policy=st.sampled_from(["static", "prefill_first", "fused"]),
        capacity=st.sampled_from(["guaranteed_no_evict", "max_utilization"]), chunked=st.booleans(),
        block_size=st.sampled_from([1, 2, 4, 8, 16]), max_batch_size=st.integers(1, 6),
-       max_num_tokens=st.integers(8, 80), pool_slack=st.integers(0, 10))
+       max_num_tokens=st.integers(8, 80), pool_slack=st.integers(0, 10), max_chunk=st.integers(0, 24))
 @settings(max_examples=500, deadline=None)
 def test_scheduler_invariants(arrivals, policy, capacity, chunked, block_size, max_batch_size, max_num_tokens,
-                              pool_slack):
+                              pool_slack, max_chunk):
     max_num_tokens = max(max_num_tokens, max_batch_size)
     longest = max(a.prompt_len + a.max_tokens for a in arrivals)
     num_blocks = blocks_for(longest, block_size) + pool_slack  # every request fits alone
     bm = BlockManager(num_blocks, block_size)
     sched = Scheduler(SchedulerConfig(max_batch_size, max_num_tokens, chunked, policy, capacity,
-                                      max_queue_delay_s=0.0), bm)
+                                      max_queue_delay_s=0.0, max_chunk_tokens=max_chunk), bm)
     pending = sorted(enumerate(arrivals), key=lambda ia: ia[1].step)
     requests, cancelled = {}, set()
     step = 0
@@ -62,6 +62,8 @@ def test_scheduler_invariants(arrivals, policy, capacity, chunked, block_size, m
         running_before = {r.req_id for r in sched.running}
         out = sched.schedule()
         check_step(sched, bm, out, running_before, policy, max_num_tokens, max_batch_size)
+        if chunked and max_chunk:
+            assert all(item.num_tokens <= max_chunk for item in out.scheduled), "a chunk exceeded max_chunk_tokens"
         sampled = [fake_token(item.request) for item in out.scheduled if item.sample]
         for r in sched.update(out, sampled):
             if len(r.output_ids) >= r.params.max_tokens:
