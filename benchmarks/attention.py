@@ -1,7 +1,12 @@
-"""Decode paged attention: torch reference vs native CPU kernel, side by side in one run.
+"""Paged attention: torch reference vs native kernel, side by side in one run; decode, or prefill chunks.
 
     .venv/bin/python benchmarks/attention.py [--batches 1 8 32 64] [--contexts 128 512 2048] [--repeat 7]
                                              [--device cpu|cuda] [--dtype float32|bfloat16|float16]
+    .venv/bin/python benchmarks/attention.py --prefill 512x512 512x2048 2048x2048
+
+`--prefill QxC`: one sequence whose last Q of C context tokens are new queries (a prompt chunk; Q = C is a whole
+prompt), causal; beside the reference it times torch's own fused attention (`scaled_dot_product_attention` on
+K/V gathered from the blocks, with the causal mask) as the peer a hand-written kernel should reach.
 
 Head size 64, 8 query heads / 2 KV heads, block size 16, fp32, block tables in random physical order. The
 memory-bandwidth floor is the bytes of K and V one decode step reads divided by the copy bandwidth measured
@@ -45,6 +50,46 @@ def decode_batch(batch: int, context: int, seed: int = 0, device: str = "cpu", d
     return q, k_cache, v_cache, meta
 
 
+def prefill_chunk(num_queries: int, context: int, seed: int = 0, device: str = "cpu", dtype=torch.float32):
+    """One sequence: `num_queries` new tokens at the end of a `context`-token context, blocks shuffled."""
+    q, k_cache, v_cache, meta = decode_batch(1, context, seed, device, dtype)
+    q = torch.randn(num_queries, HEADS, HEAD_SIZE, device=device, dtype=dtype)
+    meta.query_start_loc, meta.decode_only = [0, num_queries], False
+    meta.query_start_loc_tensor = torch.tensor([0, num_queries], dtype=torch.int32, device=device)
+    return q, k_cache, v_cache, meta
+
+
+def fused_sdpa(q, k_cache, v_cache, meta, scale):
+    """torch's fused attention on one sequence's gathered K/V (the gather is part of the cost, as for the
+    reference), causal with the queries at the end of the context."""
+    context, num_queries = meta.context_lens[0], q.shape[0]
+    blocks = meta.block_tables[0, : -(-context // k_cache.shape[1])]
+    k = k_cache[blocks].flatten(0, 1)[:context].transpose(0, 1)
+    v = v_cache[blocks].flatten(0, 1)[:context].transpose(0, 1)
+    positions = torch.arange(context, device=q.device)
+    mask = positions.unsqueeze(0) <= positions[context - num_queries:].unsqueeze(1)
+    out = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale,
+                                                           enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+def prefill_table(native, reference, specs: list[str], repeat: int, device: str, dtype) -> None:
+    print("| queries | context | torch ref (ms) | torch SDPA (ms) | native (ms) | native GFLOP/s | "
+          "ref / native | SDPA / native |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    scale = HEAD_SIZE ** -0.5
+    for spec in specs:
+        num_queries, context = (int(x) for x in spec.lower().split("x"))
+        q, k_cache, v_cache, meta = prefill_chunk(num_queries, context, device=device, dtype=dtype)
+        t_ref = seconds(lambda: reference.forward(q, k_cache, v_cache, meta, scale), repeat)
+        t_sdpa = seconds(lambda: fused_sdpa(q, k_cache, v_cache, meta, scale), repeat)
+        t_nat = seconds(lambda: native.forward(q, k_cache, v_cache, meta, scale), repeat)
+        keys_seen = num_queries * (context - num_queries) + num_queries * (num_queries + 1) / 2
+        flops = 4 * HEADS * HEAD_SIZE * keys_seen  # QK^T and PV, multiply-add = 2
+        print(f"| {num_queries} | {context} | {t_ref * 1e3:.2f} | {t_sdpa * 1e3:.2f} | {t_nat * 1e3:.2f} | "
+              f"{flops / t_nat / 1e9:.0f} | {t_ref / t_nat:.2f} | {t_sdpa / t_nat:.2f} |")
+
+
 def seconds(fn, repeat: int) -> float:
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     fn()  # warm up
@@ -71,12 +116,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    parser.add_argument("--prefill", nargs="+", metavar="QxC", help="time prompt chunks instead of decode")
     args = parser.parse_args()
     lib = load_library(args.device)
     if lib is None:
         sys.exit(f"the {args.device} kernel library is missing: run `make native` first")
     dtype = DTYPES[args.dtype]
     native, reference = NativePagedAttention(lib, args.device), TorchPagedAttention()
+    if args.prefill:
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {args.dtype}, "
+              f"{HEADS} heads / {KV_HEADS} KV heads, head size {HEAD_SIZE}")
+        return prefill_table(native, reference, args.prefill, args.repeat, args.device, dtype)
     bandwidth = copy_bandwidth(device=args.device)
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} CPU threads"
     print(f"torch {torch.__version__}, {where}, {args.dtype}; copy bandwidth {bandwidth / 1e9:.1f} GB/s")
