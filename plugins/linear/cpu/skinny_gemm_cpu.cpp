@@ -34,7 +34,7 @@ constexpr int64_t kChunk = 128;  // k rows of a panel per pass: 128 x SG_TILE fl
 // bias or zero; last chunk: y holds the result).
 template <int R>
 void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t kc, int64_t N, int64_t n0,
-               const __mmask16* masks, const float* bias, bool first, float* y) {
+               const __mmask16* masks, const float* bias, bool first, float* y, const char* prefetch) {
   __m512 acc[R][4];
   for (int j = 0; j < 4; ++j) {
     const __m512 init = first ? (bias ? _mm512_maskz_loadu_ps(masks[j], bias + n0 + 16 * j) : _mm512_setzero_ps())
@@ -45,6 +45,10 @@ void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int6
   panel += k0 * SG_TILE;
   x += k0;
   for (int64_t k = 0; k < kc; ++k, panel += SG_TILE) {
+    if (prefetch) {  // the same row of the next chunk (panels are contiguous), into L2: one row = 4 lines
+      const char* line = prefetch + k * SG_TILE * sizeof(float);
+      for (int j = 0; j < 4; ++j) _mm_prefetch(line + 64 * j, _MM_HINT_T1);
+    }
     const __m512 w0 = _mm512_loadu_ps(panel), w1 = _mm512_loadu_ps(panel + 16);
     const __m512 w2 = _mm512_loadu_ps(panel + 32), w3 = _mm512_loadu_ps(panel + 48);
     for (int i = 0; i < R; ++i) {
@@ -60,7 +64,7 @@ void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int6
 }
 
 using RowBlockFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
-                            const __mmask16*, const float*, bool, float*);
+                            const __mmask16*, const float*, bool, float*, const char*);
 constexpr RowBlockFn kRowBlocks[kRows + 1] = {nullptr, row_block<1>, row_block<2>, row_block<3>,
                                               row_block<4>, row_block<5>, row_block<6>};
 
@@ -87,9 +91,14 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
         // Rows split as evenly as blocks of at most kRows allow (32 rows: 6,6,5,5,5,5, not 6,6,6,6,6,2): a
         // block of few rows pays a whole pass over the chunk for little work.
         const int64_t blocks = (s1 - s0 + kRows - 1) / kRows, base = (s1 - s0) / blocks, extra = (s1 - s0) % blocks;
+        // While the first block of rows runs over this chunk, the next chunk of weights (the rest of this
+        // panel, or the next tile's: panels are stored back to back) is fetched into L2, so streaming the
+        // weights from memory overlaps the other blocks' arithmetic instead of stalling the next chunk.
+        const char* next = reinterpret_cast<const char*>(panel + (k0 + kc) * SG_TILE);
         for (int64_t b = 0, m0 = s0; b < blocks; ++b) {
           const int rows = (int)(base + (b < extra ? 1 : 0));
-          kRowBlocks[rows](x + m0 * ldx, ldx, panel, k0, kc, N, n0, masks, bias, k0 == 0, y + m0 * N);
+          kRowBlocks[rows](x + m0 * ldx, ldx, panel, k0, kc, N, n0, masks, bias, k0 == 0, y + m0 * N,
+                           b == 0 && blocks > 1 && t + 1 < tiles ? next : nullptr);
           m0 += rows;
         }
       }
