@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from .attention import AttentionBackend
-from .models.cpu_layout import convert_cpu_linears
+from .models import cpu_ops
+from .models.cpu_layout import PackedLinear, convert_cpu_linears
 from .models.llama import LlamaConfig, LlamaForCausalLM
 
 
@@ -43,8 +44,8 @@ def load_tokenizer(path: str) -> Tokenizer:
 def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype, device: str,
                linear_backend: str = "auto") -> LlamaForCausalLM:
     """Build the model and load every safetensors shard in `path` into it (strictly: no missing/extra weights).
-    On the CPU the linear layers take the layout `linear_backend` selects (models/cpu_layout.py); the choice is
-    in `model.linear_layout`."""
+    On the CPU the linear layers take the layout `linear_backend` selects (models/cpu_layout.py); with the
+    native one, the ops between them are fused too (models/cpu_ops.py). The choice is in `model.linear_layout`."""
     config = load_config(path)
     shards = sorted(glob(os.path.join(path, "*.safetensors")))
     if not shards:
@@ -67,4 +68,8 @@ def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype, device:
     model.linear_layout = "torch (nn.Linear)"
     if torch.device(device).type == "cpu":
         model.linear_layout = convert_cpu_linears(model, linear_backend, dtype)
+        ops = cpu_ops.load_library()
+        if isinstance(model.lm_head, PackedLinear) and ops is not None:  # fp32, contiguous linear outputs
+            cpu_ops.convert_cpu_ops(model, ops)
+            model.linear_layout += " + fused CPU ops"
     return model.to(device).eval()

@@ -3,16 +3,21 @@ from __future__ import annotations
 
 import torch
 
+from .models import cpu_ops
 from .request import SamplingParams
 
 
 class Sampler:
     def __init__(self) -> None:
         self._generators: dict[str, torch.Generator] = {}
+        self._ops = cpu_ops.load_library()  # greedy rows of CPU logits: the native argmax (torch's is 10x slower)
 
     def sample(self, logits: torch.Tensor, req_ids: list[str], params: list[SamplingParams]) -> list[int]:
         """logits: (N, vocab) fp32, one row per request in `req_ids` order."""
-        tokens = logits.argmax(dim=-1).tolist()
+        if self._ops is not None and cpu_ops.usable(logits):
+            tokens = cpu_ops.argmax_rows(self._ops, logits)
+        else:
+            tokens = logits.argmax(dim=-1).tolist()
         for row, (req_id, p) in enumerate(zip(req_ids, params)):
             if not p.greedy:
                 tokens[row] = self._sample_row(logits[row], req_id, p)

@@ -45,10 +45,11 @@ def llama3_rope_model(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("attention", ["native", "torch"])
+@pytest.mark.parametrize("attention, linear", [("native", "auto"), ("torch", "auto"), ("native", "torch")])
 @pytest.mark.parametrize("checkpoint, block_size", [("tiny_model", 16), ("gqa_model", 1), ("tied_model", 5),
                                                     ("llama3_rope_model", 32)])
-def test_mixed_step_matches_transformers(checkpoint, block_size, attention, request):
+def test_mixed_step_matches_transformers(checkpoint, block_size, attention, linear, request):
+    """linear auto: the native skinny GEMM and fused CPU ops where built; torch: plain torch ops."""
     from transformers import LlamaForCausalLM
 
     path = request.getfixturevalue(checkpoint)
@@ -56,7 +57,7 @@ def test_mixed_step_matches_transformers(checkpoint, block_size, attention, requ
     rng = random.Random(0)
     bm = BlockManager(num_blocks=400, block_size=block_size)
     rng.shuffle(bm._free)  # block tables in random physical order
-    runner = TorchRunner(path, bm.num_blocks, block_size, attention=attention)
+    runner = TorchRunner(path, bm.num_blocks, block_size, attention=attention, linear=linear)
     assert runner.attention.name == attention
     prompt = lambda n: [rng.randrange(258) for _ in range(n)]  # noqa: E731
     a = Request("a", prompt(20), SamplingParams(8))

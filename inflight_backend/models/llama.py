@@ -99,6 +99,10 @@ def apply_rotary(q, k, cos, sin):
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
+def silu_mul(gate, up):
+    return F.silu(gate) * up
+
+
 def _rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -121,6 +125,8 @@ def _scale_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    rotary = staticmethod(apply_rotary)  # (q, k, cos, sin) -> (q, k); models/cpu_ops.py may fuse it
+
     def __init__(self, config: LlamaConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -139,7 +145,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # (T, H, D)
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, k, *rope)
+        q, k = self.rotary(q, k, *rope)
         k_cache, v_cache = kv_cache
         self.backend.write_kv(k_cache, v_cache, k, v, meta)
         out = self.backend.forward(q, k_cache, v_cache, meta, self.scale)
@@ -147,6 +153,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    act_mul = staticmethod(silu_mul)  # (gate, up) -> silu(gate) * up; models/cpu_ops.py may fuse it
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
@@ -155,7 +163,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=bias)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

@@ -1,0 +1,118 @@
+"""The fused CPU ops of plugins/cpu_ops (RMSNorm, rotary, SiLU-and-multiply, row argmax), through their C ABI.
+
+Each replaces several small torch ops, and their per-op dispatch, with one pass over memory: at decode-step
+sizes those ops cost about as much as their arithmetic. fp32, CPU, contiguous rows; callers keep the torch
+version for anything else.
+"""
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache, partial
+
+import torch
+from torch import nn
+
+from ..paths import LIB_DIR
+from .llama import MLP, Attention, RMSNorm
+
+OPS_OK = 0
+_I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+
+
+@lru_cache(maxsize=1)
+def load_library() -> ctypes.CDLL | None:
+    """The ops library, or None when it has not been built."""
+    path = LIB_DIR / "libinflight_ops_cpu.so"
+    if not path.exists():
+        return None
+    lib = ctypes.CDLL(str(path))
+    signatures = {
+        "ops_rms_norm_f32": [_PTR, _I64, _I64, _I64, _PTR, _F32, _PTR],
+        "ops_rotary_f32": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR],
+        "ops_silu_mul_f32": [_PTR, _PTR, _I64, _PTR],
+        "ops_argmax_rows_f32": [_PTR, _I64, _I64, _I64, _PTR],
+    }
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, argtypes
+    return lib
+
+
+def usable(t: torch.Tensor) -> bool:
+    """Whether the kernels take `t` as it is: fp32 on the CPU with unit stride along its last dimension."""
+    return t.dtype == torch.float32 and t.device.type == "cpu" and t.stride(-1) == 1
+
+
+def _check(status: int, name: str) -> None:
+    if status != OPS_OK:
+        raise RuntimeError(f"{name} failed with status {status}")
+
+
+def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * x / sqrt(mean(x^2) + eps) over the last dimension; x (..., n) with rows at a fixed stride."""
+    n = x.shape[-1]
+    rows = x.reshape(-1, n)
+    y = torch.empty(rows.shape, dtype=torch.float32)
+    _check(lib.ops_rms_norm_f32(rows.data_ptr(), rows.shape[0], n, rows.stride(0), weight.data_ptr(), eps,
+                                y.data_ptr()), "rms_norm")
+    return y.view(x.shape)
+
+
+def rotary_(lib: ctypes.CDLL, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary embedding in place. v: (T, heads, D) with contiguous heads; cos, sin: (T, 1, D)
+    contiguous (Rotary.tables)."""
+    tokens, heads, dim = v.shape
+    if v.stride(1) != dim:
+        raise ValueError("rotary_: heads of a token must be contiguous")
+    _check(lib.ops_rotary_f32(v.data_ptr(), tokens, heads, dim, v.stride(0), cos.data_ptr(), sin.data_ptr()),
+           "rotary")
+    return v
+
+
+def silu_mul(lib: ctypes.CDLL, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for two contiguous tensors of one shape."""
+    out = torch.empty_like(gate)
+    _check(lib.ops_silu_mul_f32(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr()), "silu_mul")
+    return out
+
+
+def argmax_rows(lib: ctypes.CDLL, x: torch.Tensor) -> list[int]:
+    """torch.argmax(x, dim=-1).tolist() for a 2-D x with unit column stride."""
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    _check(lib.ops_argmax_rows_f32(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr()), "argmax")
+    return out.tolist()
+
+
+class NativeRMSNorm(nn.Module):
+    """RMSNorm through ops_rms_norm_f32 (same weight, same eps)."""
+
+    def __init__(self, norm: RMSNorm, lib: ctypes.CDLL) -> None:
+        super().__init__()
+        self.weight, self.eps, self._lib = norm.weight, norm.eps, lib
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(self._lib, x, self.weight, self.eps)
+
+
+def _rotary_pair(lib, q, k, cos, sin):
+    return rotary_(lib, q, cos, sin), rotary_(lib, k, cos, sin)
+
+
+def convert_cpu_ops(model: nn.Module, lib: ctypes.CDLL) -> None:
+    """Fuse the model's RMSNorms, rotary embeddings and SiLU-and-multiply (in place). Only for an fp32 model on
+    the CPU whose linear layers return contiguous rows (PackedLinear): the kernels take those tensors as they
+    come, with no per-call checks."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.rotary = partial(_rotary_pair, lib)
+        elif isinstance(module, MLP):
+            module.act_mul = partial(silu_mul, lib)
+    _replace_norms(model, lib)
+
+
+def _replace_norms(module: nn.Module, lib: ctypes.CDLL) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, RMSNorm):
+            setattr(module, name, NativeRMSNorm(child, lib))
+        else:
+            _replace_norms(child, lib)

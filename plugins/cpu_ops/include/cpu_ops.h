@@ -1,0 +1,33 @@
+// Fused fp32 CPU ops for a Llama decoder step: the work between the GEMMs, one pass over memory each instead
+// of the 3-6 small torch ops (and their dispatch) that compute the same thing. Arrays are row-major; `ld*`
+// are row strides in elements. Every function returns OPS_OK or OPS_ERR_SHAPE.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { OPS_OK = 0, OPS_ERR_SHAPE = 1 };
+
+// y[r] = weight * (x[r] / sqrt(mean(x[r]^2) + eps)) for rows r < rows of n values (Llama's RMSNorm, fp32
+// throughout). y: (rows, n) contiguous.
+int ops_rms_norm_f32(const float* x, int64_t rows, int64_t n, int64_t ldx, const float* weight, float eps,
+                     float* y);
+
+// Rotary embedding, rotate-half form, in place on every head of every token: with h = head_dim / 2,
+// v[i] <- v[i] cos[i] - v[i + h] sin[i] and v[i + h] <- v[i + h] cos[i + h] + v[i] sin[i + h] (i < h).
+// v: (tokens, heads, head_dim) with token stride ldv and contiguous heads; cos, sin: (tokens, head_dim).
+int ops_rotary_f32(float* v, int64_t tokens, int64_t heads, int64_t head_dim, int64_t ldv, const float* cos,
+                   const float* sin);
+
+// out = silu(gate) * up elementwise over n values (SwiGLU's activation).
+int ops_silu_mul_f32(const float* gate, const float* up, int64_t n, float* out);
+
+// out[r] = the first index of the largest of x[r][0..n) (greedy sampling); a row holding NaN gets the first
+// NaN's index, as torch.argmax does.
+int ops_argmax_rows_f32(const float* x, int64_t rows, int64_t n, int64_t ldx, int64_t* out);
+
+#ifdef __cplusplus
+}
+#endif

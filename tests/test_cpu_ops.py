@@ -1,0 +1,82 @@
+"""Fused CPU ops (plugins/cpu_ops) against the torch code they replace: RMSNorm, rotary, SiLU-and-multiply and
+greedy argmax, on odd sizes, strided rows and special values; and the model they are fused into."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inflight_backend.attention import make_backend
+from inflight_backend.checkpoint import load_model
+from inflight_backend.models import cpu_ops
+from inflight_backend.models.llama import Rotary, apply_rotary
+
+
+@pytest.fixture(scope="module")
+def lib():
+    library = cpu_ops.load_library()
+    if library is None:
+        pytest.fail("build/lib/libinflight_ops_cpu.so is missing: run `make native`")
+    return library
+
+
+@pytest.mark.parametrize("rows, n", [(1, 512), (7, 37), (33, 256), (300, 1000)])
+def test_rms_norm_matches_torch(lib, rows, n):
+    torch.manual_seed(rows + n)
+    wide = torch.randn(rows, n + 5) * 3
+    x = wide[:, 2:n + 2]  # strided rows
+    weight = torch.randn(n)
+    want = weight * F.rms_norm(x, (n,), eps=1e-5)
+    torch.testing.assert_close(cpu_ops.rms_norm(lib, x, weight, 1e-5), want, atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("tokens, heads, head_dim", [(1, 8, 64), (5, 2, 128), (40, 3, 6)])
+def test_rotary_matches_torch(lib, tokens, heads, head_dim):
+    torch.manual_seed(tokens * heads)
+    rotary = Rotary(type("Config", (), {"head_dim": head_dim, "rope_theta": 10000.0, "rope_scaling": None})())
+    cos, sin = rotary.tables(torch.arange(tokens) * 37 + 5, torch.float32)
+    q, k = torch.randn(tokens, heads, head_dim), torch.randn(tokens, 1, head_dim)
+    want_q, want_k = apply_rotary(q, k, cos, sin)
+    got_q, got_k = cpu_ops.rotary_(lib, q.clone(), cos, sin), cpu_ops.rotary_(lib, k.clone(), cos, sin)
+    torch.testing.assert_close(got_q, want_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_k, want_k, atol=1e-5, rtol=1e-5)
+
+
+def test_silu_mul_matches_torch_including_extremes(lib):
+    torch.manual_seed(0)
+    gate = torch.cat([torch.randn(1001) * 4, torch.tensor([0.0, -0.0, 88.0, -88.0, 100.0, -100.0, 1e4, -1e4])])
+    up = torch.randn_like(gate)
+    torch.testing.assert_close(cpu_ops.silu_mul(lib, gate, up), F.silu(gate) * up, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows, n", [(1, 32000), (9, 17), (32, 258), (3, 1)])
+def test_argmax_matches_torch(lib, rows, n):
+    torch.manual_seed(rows * n)
+    x = torch.randn(rows, n)
+    assert cpu_ops.argmax_rows(lib, x) == x.argmax(dim=-1).tolist()
+
+
+def test_argmax_ties_infinities_and_nan_follow_torch(lib):
+    x = torch.zeros(5, 300)
+    x[0, [7, 200]] = 2.0  # tie: the first
+    x[1] = float("-inf")  # all -inf: index 0
+    x[2, [10, 250]] = float("nan")  # NaN wins, the first one
+    x[2, 3] = 9.0
+    x[3, 299] = float("inf")
+    x[4, 257] = 1.0  # past the first 256-element block
+    assert cpu_ops.argmax_rows(lib, x) == x.argmax(dim=-1).tolist() == [7, 0, 10, 299, 257]
+    strided = torch.randn(4, 50)[:, 5:45]
+    assert cpu_ops.argmax_rows(lib, strided) == strided.argmax(dim=-1).tolist()
+
+
+def test_only_the_native_linear_layout_fuses_the_ops(tiny_model):
+    """The kernels rely on PackedLinear's contiguous outputs; the torch layout keeps torch's ops. (Both are
+    checked against transformers in test_model_logits.py.)"""
+    backend = make_backend("torch", torch.device("cpu"))
+    plain = load_model(tiny_model, backend, torch.float32, "cpu", "torch")
+    assert "fused" not in plain.linear_layout and not isinstance(plain.model.norm, cpu_ops.NativeRMSNorm)
+    fused = load_model(tiny_model, backend, torch.float32, "cpu", "auto")
+    if "fused CPU ops" not in fused.linear_layout:
+        pytest.skip(f"no native linear layout on this machine ({fused.linear_layout})")
+    layer = fused.model.layers[0]
+    assert isinstance(fused.model.norm, cpu_ops.NativeRMSNorm)
+    assert isinstance(layer.input_layernorm, cpu_ops.NativeRMSNorm)
+    assert layer.self_attn.rotary.func is cpu_ops._rotary_pair and layer.mlp.act_mul.func is cpu_ops.silu_mul
