@@ -47,6 +47,18 @@ def test_silu_mul_matches_torch_including_extremes(lib):
     torch.testing.assert_close(cpu_ops.silu_mul(lib, gate, up), F.silu(gate) * up, atol=1e-6, rtol=1e-5)
 
 
+def test_non_contiguous_inputs_are_taken_or_refused(lib):
+    x = torch.randn(40, 24).t()  # column stride 24
+    weight = torch.randn(40)
+    torch.testing.assert_close(cpu_ops.rms_norm(lib, x, weight, 1e-6), weight * F.rms_norm(x, (40,), eps=1e-6),
+                               atol=2e-6, rtol=2e-6)
+    gate, up = torch.randn(30, 2)[:, 0], torch.randn(30, 2)[:, 1]
+    torch.testing.assert_close(cpu_ops.silu_mul(lib, gate, up), F.silu(gate) * up, atol=1e-6, rtol=1e-5)
+    cos = sin = torch.ones(3, 1, 8)
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu_ops.rotary_(lib, torch.randn(2, 3, 8).transpose(0, 1), cos, sin)
+
+
 @pytest.mark.parametrize("rows, n", [(1, 32000), (9, 17), (32, 258), (3, 1)])
 def test_argmax_matches_torch(lib, rows, n):
     torch.manual_seed(rows * n)

@@ -52,6 +52,8 @@ def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float
     """weight * x / sqrt(mean(x^2) + eps) over the last dimension; x (..., n) with rows at a fixed stride."""
     n = x.shape[-1]
     rows = x.reshape(-1, n)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
     y = torch.empty(rows.shape, dtype=torch.float32)
     _check(lib.ops_rms_norm_f32(rows.data_ptr(), rows.shape[0], n, rows.stride(0), weight.data_ptr(), eps,
                                 y.data_ptr()), "rms_norm")
@@ -62,15 +64,18 @@ def rotary_(lib: ctypes.CDLL, v: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     """Rotate-half rotary embedding in place. v: (T, heads, D) with contiguous heads; cos, sin: (T, 1, D)
     contiguous (Rotary.tables)."""
     tokens, heads, dim = v.shape
-    if v.stride(1) != dim:
-        raise ValueError("rotary_: heads of a token must be contiguous")
+    if v.stride(2) != 1 or v.stride(1) != dim or not (cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError("rotary_: each token's heads and the cos/sin tables must be contiguous")
     _check(lib.ops_rotary_f32(v.data_ptr(), tokens, heads, dim, v.stride(0), cos.data_ptr(), sin.data_ptr()),
            "rotary")
     return v
 
 
 def silu_mul(lib: ctypes.CDLL, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for two contiguous tensors of one shape."""
+    """silu(gate) * up elementwise, gate and up of one shape."""
+    if gate.shape != up.shape:
+        raise ValueError(f"silu_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    gate, up = gate.contiguous(), up.contiguous()  # no copy for the linear outputs it is given
     out = torch.empty_like(gate)
     _check(lib.ops_silu_mul_f32(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr()), "silu_mul")
     return out
