@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from .block_manager import BlockManager, blocks_for
 from .checkpoint import load_config, load_tokenizer
 from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, special_ids
 from .engines.base import ModelRunner
 from .request import Request, RequestStatus, SamplingParams
 from .sampler import Sampler
@@ -71,6 +71,7 @@ class InflightEngine:
         self.stats = EngineStats(kv_blocks_total=num_blocks)
         self._requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._special_ids = special_ids(self.tokenizer)
         self._seeds = itertools.count(config.seed * 1_000_003)
 
     @property
@@ -122,7 +123,7 @@ class InflightEngine:
         if arrival_time is not None:
             request.arrival_time = arrival_time
         self._requests[req_id] = request
-        self._detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer)
+        self._detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer, self._special_ids)
         self.scheduler.add(request)
 
     def abort(self, req_id: str, status: RequestStatus = RequestStatus.FINISHED_CANCELLED) -> RequestOutput | None:
