@@ -4,9 +4,9 @@ from inflight_backend.config import EngineConfig
 
 
 def test_parameters_are_typed_and_paths_resolved(tmp_path):
-    cfg = EngineConfig.from_parameters({"checkpoint": "../m", "block_size": "32", "enable_chunked_prefill": "true"},
-                                       base_dir=str(tmp_path / "repo" / "llm"))
-    assert cfg.block_size == 32 and cfg.enable_chunked_prefill is True
+    cfg = EngineConfig.from_parameters({"checkpoint": "../m", "block_size": "32", "enable_chunked_prefill": "true",
+                                        "max_chunk_tokens": "256"}, base_dir=str(tmp_path / "repo" / "llm"))
+    assert cfg.block_size == 32 and cfg.enable_chunked_prefill is True and cfg.max_chunk_tokens == 256
     assert cfg.checkpoint == str(tmp_path / "repo" / "m")
 
 
@@ -18,6 +18,7 @@ def test_parameters_are_typed_and_paths_resolved(tmp_path):
     ({"checkpoint": "m", "linear_backend": "mkl"}, "linear_backend must be one of"),
     ({"checkpoint": "m", "attention_backend": "flash"}, "attention_backend must be one of"),
     ({"checkpoint": "m", "max_batch_size": "8", "max_num_tokens": "4"}, "max_num_tokens"),
+    ({"checkpoint": "m", "max_chunk_tokens": "-1"}, "max_chunk_tokens must be >= 0"),
 ])
 def test_invalid_parameters_are_rejected_with_the_reason(params, message):
     with pytest.raises(ValueError, match=message):
