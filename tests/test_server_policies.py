@@ -15,7 +15,7 @@ POLICY_MODELS = {  # name: parameters
     "static": dict(batching_policy="static", max_queue_delay_ms=50, max_batch_size=8, block_size=16),
     "prefill_first": dict(batching_policy="prefill_first", block_size=32),
     "fused_chunked": dict(batching_policy="fused", enable_chunked_prefill="true", max_num_tokens=64,
-                          block_size=1, num_kv_blocks=8192),
+                          max_chunk_tokens=24, block_size=1, num_kv_blocks=8192),
     "max_utilization": dict(batching_policy="fused", enable_chunked_prefill="true", max_num_tokens=128,
                             capacity_policy="max_utilization", block_size=32, num_kv_blocks=14),
     "queue": dict(max_batch_size=1, max_queue_size=2),
