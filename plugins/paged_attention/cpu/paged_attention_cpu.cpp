@@ -1,14 +1,16 @@
 // Paged attention on the CPU: walks each sequence's block table directly (no gather copies), one OpenMP task
-// per (sequence, KV head) so K and V rows are read once for every query head of the group, and keeps an
-// online softmax in fp32, rescaling once per chunk of keys. Prefill queries of one sequence go in blocks, so
-// each K/V row read serves every (query, head) row of the block; causal limits mask per row. Blocks of at least
-// kTileRows rows score a chunk of keys as a small GEMM (the chunk transposed once, keys along the vector lanes,
+// per (sequence, KV head), or per sequence when there are enough, so K and V rows are read once for every
+// query head of the group, and keeps an online softmax in fp32, rescaling once per chunk of keys. Prefill
+// queries of one sequence go in blocks, so each K/V row read serves every (query, head) row of the block;
+// causal limits mask per row. Blocks of at least kMinTiledRows rows score a chunk of keys as a small GEMM (the chunk transposed once, keys along the vector lanes,
 // four rows per register tile) instead of one horizontal dot per (row, key).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
+
+#include <omp.h>
 
 #include "paged_attention.h"
 
@@ -285,12 +287,17 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
   int max_q = 1;
   for (int s = 0; s < p.num_seqs; ++s) max_q = std::max(max_q, qsl[s + 1] - qsl[s]);
   const int block = std::min(max_q, std::max(1, kMaxRows / group));  // queries per block
+  // With enough sequences to go round, one task takes all KV heads of a sequence: the heads of a token share
+  // cache lines, so the second head's pass finds them in this core's cache instead of fetching them again.
+  const int heads_per_task = p.num_seqs >= 2 * omp_get_max_threads() ? p.num_kv_heads : 1;
+  const int tasks = p.num_seqs * (p.num_kv_heads / heads_per_task);
 #pragma omp parallel
   {
     Scratch w(block * group, D);  // sized for this call: decode-only steps allocate a few rows
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int s = 0; s < p.num_seqs; ++s) {
-      for (int h = 0; h < p.num_kv_heads; ++h) {
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < tasks; ++task) {
+      const int s = task * heads_per_task / p.num_kv_heads, h0 = task * heads_per_task % p.num_kv_heads;
+      for (int h = h0; h < h0 + heads_per_task; ++h) {
         const int32_t* table = block_tables + int64_t(s) * p.max_blocks_per_seq;
         const Seq<T> k{kc, table, &p, h}, v{vc, table, &p, h};
         const int q0 = qsl[s], num_q = qsl[s + 1] - qsl[s], len = context_lens[s];
