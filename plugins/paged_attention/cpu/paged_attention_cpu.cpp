@@ -2,8 +2,9 @@
 // per (sequence, KV head), or per sequence when there are enough, so K and V rows are read once for every
 // query head of the group, and keeps an online softmax in fp32, rescaling once per chunk of keys. Prefill
 // queries of one sequence go in blocks, so each K/V row read serves every (query, head) row of the block;
-// causal limits mask per row. Blocks of at least kMinTiledRows rows score a chunk of keys as a small GEMM (the chunk transposed once, keys along the vector lanes,
-// four rows per register tile) instead of one horizontal dot per (row, key).
+// causal limits mask per row. Blocks of at least kMinTiledRows rows score a chunk of keys as a small GEMM
+// (the chunk transposed once, keys along the vector lanes, four rows per register tile) instead of one
+// horizontal dot per (row, key).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
