@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
@@ -103,6 +104,61 @@ struct Seq {  // one sequence's view of the cache for one KV head
   }
 };
 
+// Full 512-bit vectors for the compute-bound parts (the prefill tiles, the 16-key dot products) where the
+// machine has them; GCC's default tuning prefers 256-bit ones, which suits the rest better.
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#define PA_WIDE __attribute__((target("prefer-vector-width=512")))
+#else
+#define PA_WIDE
+#endif
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+constexpr bool kHaveDots16 = true;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on the intrinsics' own undefined passthroughs
+
+// out[j] = sum of the 16 lanes of a[j], j < 16, in one vector: a transpose-and-add tree (45 shuffles and adds
+// for 16 sums, where reducing each vector on its own takes ~6 dependent steps apiece).
+inline __m512 sum16(__m512* a) {
+  __m512 b[8], c[4], d[2];
+  for (int j = 0; j < 8; ++j)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of the pair (a, b)
+    b[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
+  for (int j = 0; j < 4; ++j)  // per lane: the lane's sum for each of 4 vectors
+    c[j] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * j], b[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(b[2 * j], b[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int j = 0; j < 2; ++j)  // lanes summed in pairs
+    d[j] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * j], c[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(c[2 * j], c[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// scores[g * kChunk + i] = q[g] . k_i for the n keys of a chunk, 16 keys per pass: each key's products are
+// summed across its D / 16 vectors in registers, then the 16 keys' vectors reduced together (sum16).
+// D is a multiple of 16; keys past n (a partial last pass) are not read.
+PA_WIDE void dots16(const float* q, const float* const* krows, int n, int rows, int D, float* scores) {
+  for (int i0 = 0; i0 < n; i0 += 16) {
+    const int m = std::min(16, n - i0);
+    for (int g = 0; g < rows; ++g) {
+      const float* qg = q + g * D;
+      __m512 acc[16];
+      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+      for (int d = 0; d < D; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(qg + d);
+        for (int j = 0; j < m; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(krows[i0 + j] + d), acc[j]);
+      }
+      const __m512 sums = sum16(acc);
+      _mm512_mask_storeu_ps(scores + g * kChunk + i0, (__mmask16)((1u << m) - 1), sums);
+    }
+  }
+}
+#pragma GCC diagnostic pop
+#else
+constexpr bool kHaveDots16 = false;
+inline void dots16(const float*, const float* const*, int, int, int, float*) {}
+#endif
+
 // acc[g] += sum_i scores[g][i] * v_i, head by head so one head's accumulator stays in registers.
 inline void accumulate(const float* const* rows, int n, const float* scores, int group, int D, float* acc,
                        float*) {
@@ -140,13 +196,6 @@ constexpr int kMaxRows = 128;  // (query, head) rows per block: queries per bloc
 constexpr int kTileRows = 4;  // rows per register tile
 constexpr int kMinTiledRows = 8;  // smaller blocks (decode: one query, its group of heads) use dot()
 
-// The tiles are compute-bound: full 512-bit vectors where the machine has them (GCC's default tuning prefers
-// 256-bit ones, which suits the bandwidth-bound decode path better).
-#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
-#define PA_WIDE __attribute__((target("prefer-vector-width=512")))
-#else
-#define PA_WIDE
-#endif
 
 // scores[g][i] = q[g] . k_i for all rows g and the kChunk keys of kt (D x kChunk, keys beyond the chunk zero).
 // Four rows at a time: each kt row loaded once feeds 4 x kChunk/16 independent FMA accumulators.
@@ -239,6 +288,8 @@ void attend(const pa_params& p, int rows, int group_size, const Seq<T>& k, const
       if (n < kChunk)
         for (int d = 0; d < D; ++d) std::fill(kt + d * kChunk + n, kt + (d + 1) * kChunk, 0.f);
       score_tile(q, kt, group, D, scores);
+    } else if (kHaveDots16 && std::is_same<T, float>::value && D % 16 == 0) {
+      dots16(q, reinterpret_cast<const float* const*>(krows), n, group, D, scores);
     } else {
       for (int i = 0; i < n; ++i) {
         const float* krow = as_floats(krows[i], buf, D);
