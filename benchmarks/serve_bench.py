@@ -35,8 +35,9 @@ def make_target(spec: str, args, workdir: Path):
     name, _, chunked = policy.partition("+")
     budget, cap = chunk_budget(chunked, args.chunked_max_num_tokens) if chunked else (args.max_num_tokens, 0)
     params = dict(batching_policy=name, enable_chunked_prefill=bool(chunked), max_batch_size=args.max_batch_size,
-                  max_num_tokens=budget, max_chunk_tokens=cap, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-                  max_queue_delay_ms=args.max_queue_delay_ms, dtype=args.dtype, linear_backend=args.linear_backend)
+                  max_num_tokens=budget, max_chunk_tokens=cap, block_size=args.block_size,
+                  num_kv_blocks=args.num_kv_blocks, max_queue_delay_ms=args.max_queue_delay_ms, dtype=args.dtype,
+                  linear_backend=args.linear_backend)
     if system == "engine":
         return T.EngineTarget(args.checkpoint, **params)
     if system == "triton":
@@ -96,8 +97,9 @@ def main(argv=None) -> list[dict]:
                         help="rounds: every target runs once per round, in turn, so slow phases of a noisy machine "
                              "hit all targets; ratios are taken within each round")
     parser.add_argument("--load-fraction", type=float, default=0.0,
-                        help="poisson mode: instead of --rates, each round first runs the first target at "
-                             "saturation and then every target at this fraction of the requests/s it reached")
+                        help="instead of --rates (and whatever --mode): each round first runs the first target at "
+                             "saturation, then every target under Poisson arrivals at this fraction of the "
+                             "requests/s it reached")
     parser.add_argument("--ratios", nargs="+", default=[], metavar="A/B",
                         help="print target A's metric over target B's, per round and their median")
     parser.add_argument("--ratio-metrics", nargs="+", default=["output_tokens_per_s"], metavar="METRIC",
