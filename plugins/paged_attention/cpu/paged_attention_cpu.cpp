@@ -298,7 +298,8 @@ void attend(const pa_params& p, int rows, int group_size, const Seq<T>& k, const
     }
     if (k0 + n > limit[0])  // causal mask, only in the last chunks of a query block (rows' limits ascend)
       for (int g = 0; g < group; ++g)
-        for (int i = std::max(0, limit[g] - k0); i < n; ++i) scores[g * kChunk + i] = -std::numeric_limits<float>::infinity();
+        for (int i = std::max(0, limit[g] - k0); i < n; ++i)
+          scores[g * kChunk + i] = -std::numeric_limits<float>::infinity();
     for (int g = 0; g < group; ++g) {
       float* s = scores + g * kChunk;
       float m_new = m[g];  // a simd max: std::max_element is a scalar loop, half the cost of the scores
