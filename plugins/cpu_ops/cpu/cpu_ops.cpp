@@ -1,6 +1,7 @@
 // Fused fp32 CPU ops (see include/cpu_ops.h). Loops are written for the compiler's vectoriser (omp simd) and
 // split over rows with OpenMP only when there is enough work to pay for waking the threads.
 #include "cpu_ops.h"
+#include "fast_exp.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,24 +11,7 @@ namespace {
 
 constexpr int64_t kParallelWork = 1 << 15;  // elements below which one thread does the whole call
 
-// e^x in fp32 for the vectoriser (std::exp is a library call): 2^(x log2 e) as 2^n * 2^f, a degree-6
-// polynomial for 2^f on [-0.5, 0.5] (relative error ~2e-7). x is clamped to [-87, 88], where 2^n stays a
-// normal float: e^-87 ~ 1.6e-38 stands in for anything smaller, e^88 ~ 1.7e38 for anything larger.
-inline float exp_clamped(float x) {
-  const float y = std::min(std::max(x, -87.f), 88.f) * 1.44269504088896341f;
-  const float n = std::nearbyint(y), f = y - n;
-  float r = 1.53552577e-4f;
-  r = r * f + 1.33988708e-3f;
-  r = r * f + 9.61808753e-3f;
-  r = r * f + 5.55034615e-2f;
-  r = r * f + 2.40226486e-1f;
-  r = r * f + 6.93147182e-1f;
-  r = r * f + 1.f;
-  const int32_t bits = (int32_t(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return r * scale;
-}
+using inflight::exp_clamped;
 
 int64_t argmax_row(const float* __restrict x, int64_t n) {
   // Two vectorised passes over the row (it stays in L2): its maximum, counting NaNs on the way (NaN never

@@ -14,6 +14,7 @@
 
 #include <omp.h>
 
+#include "fast_exp.h"
 #include "paged_attention.h"
 
 namespace {
@@ -64,25 +65,7 @@ inline float dot(const float* __restrict a, const float* __restrict b, int n) {
   return s;
 }
 
-// exp(x) for x <= 0 in fp32, written so the compiler vectorises it (std::exp does not): 2^(x log2 e) as
-// 2^n * 2^f with a degree-6 polynomial for 2^f, f in [-0.5, 0.5]; relative error ~2e-7.
-inline float exp_neg(float x) {
-  // Below -87, e^x is under fp32's smallest normal: the result is exactly 0 (not a denormal, and not 2^n with
-  // an invalid biased exponent, which is what clamping at -126 produced: NaN or garbage for score gaps > 87).
-  const float y = std::max(x, -87.f) * 1.44269504088896341f;
-  const float n = std::nearbyint(y), f = y - n;
-  float r = 1.53552577e-4f;
-  r = r * f + 1.33988708e-3f;
-  r = r * f + 9.61808753e-3f;
-  r = r * f + 5.55034615e-2f;
-  r = r * f + 2.40226486e-1f;
-  r = r * f + 6.93147182e-1f;
-  r = r * f + 1.f;
-  const int32_t bits = (int32_t(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return x > -87.f ? r * scale : 0.f;
-}
+using inflight::exp_neg;
 
 template <typename T>
 struct Seq {  // one sequence's view of the cache for one KV head
@@ -255,8 +238,8 @@ struct Scratch {  // per-thread buffers, allocated once per call
   std::vector<float> q, acc, scores, buf, m, l, kt;
   std::vector<int> limit;
   Scratch(int rows, int D)
-      : q(rows * D), acc(rows * D), scores(rows * kChunk), buf(D), m(rows), l(rows), kt(D * kChunk),
-        limit(rows) {}
+      : q(rows * D), acc(rows * D), scores(rows * kChunk), buf(D), m(rows), l(rows),
+        kt(rows >= kMinTiledRows ? D * kChunk : 0), limit(rows) {}  // the transposed chunk: tiled blocks only
 };
 
 // Attention of `rows` query rows (already scaled, in w.q; row r sees keys [0, w.limit[r]), limits ascending)
