@@ -19,6 +19,7 @@ import json
 import random
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -151,11 +152,13 @@ def run_target(spec: str, args, workdir: Path, items, rnd: int) -> list[dict]:
 def ratio_table(runs: list[dict], pairs: list[tuple[str, str]], metric: str = "output_tokens_per_s") -> str:
     """`metric` of A over B for each (A, B), per round (same load point), and their median. Load points are
     matched by their position in the round, so --load-fraction rounds (one rate each) line up too."""
-    by = {}
+    by, seen = {}, Counter()  # seen: load points so far of each (round, target), in run order
     for r in runs:
-        points = [x["load"] for x in runs if x["round"] == r["round"] and x["target"] == r["target"]
-                  and x["load"] != "saturation"]
-        by[(r["round"], points.index(r["load"]) if r["load"] != "saturation" else -1, r["target"])] = r
+        point = -1
+        if r["load"] != "saturation":
+            point = seen[(r["round"], r["target"])]
+            seen[(r["round"], r["target"])] += 1
+        by[(r["round"], point, r["target"])] = r
     rounds = sorted({r["round"] for r in runs})
     lines = [f"| load | A / B ({metric}) | per round | median |", "|---|---|---|---:|"]
     for point in sorted({key[1] for key in by}):
