@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from inflight_backend.attention import make_backend
 from inflight_backend.checkpoint import load_model
 from inflight_backend.models import cpu_ops
-from inflight_backend.models.llama import Rotary, apply_rotary
+from inflight_backend.models.llama import RMSNorm, Rotary, apply_rotary
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,57 @@ def test_rotary_matches_torch(lib, tokens, heads, head_dim):
     got_q, got_k = cpu_ops.rotary_(lib, q.clone(), cos, sin), cpu_ops.rotary_(lib, k.clone(), cos, sin)
     torch.testing.assert_close(got_q, want_q, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_k, want_k, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows, n", [(1, 512), (7, 37), (300, 1000)])
+def test_add_rms_norm_adds_in_place_then_normalises(lib, rows, n):
+    torch.manual_seed(rows * n)
+    residual, h = torch.randn(rows, n) * 2, torch.randn(rows, n + 3)[:, 1:n + 1]  # h with strided rows
+    weight = torch.randn(n)
+    want_sum = residual + h
+    y, out = cpu_ops.add_rms_norm_(lib, residual, h, weight, 1e-5)
+    assert out is residual
+    torch.testing.assert_close(residual, want_sum, atol=0, rtol=0)  # the same fp32 add as torch's
+    torch.testing.assert_close(y, weight * F.rms_norm(want_sum, (n,), eps=1e-5), atol=2e-6, rtol=2e-6)
+
+
+def test_native_norm_takes_the_residual_form_as_rmsnorm_does(lib):
+    torch.manual_seed(3)
+    norm = RMSNorm(48, 1e-6)
+    norm.weight.data = torch.randn(48)
+    native = cpu_ops.NativeRMSNorm(norm, lib)
+    x, residual = torch.randn(5, 48), torch.randn(5, 48)
+    want_h, want_residual = norm(x, residual.clone())
+    got_h, got_residual = native(x, residual)
+    torch.testing.assert_close(got_residual, want_residual, atol=0, rtol=0)
+    torch.testing.assert_close(got_h, want_h, atol=2e-6, rtol=2e-6)
+
+
+def test_silu_mul_on_the_halves_of_a_merged_projection(lib):
+    torch.manual_seed(1)
+    for rows in (1, 9):
+        gate_up = torch.randn(rows, 2 * 37) * 3
+        gate, up = gate_up[:, :37], gate_up[:, 37:]
+        torch.testing.assert_close(cpu_ops.silu_mul(lib, gate, up), F.silu(gate) * up, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [1, 6])
+def test_rotary_of_adjacent_q_and_k_heads_in_one_call(lib, tokens):
+    """q and k as views of a merged qkv output (k's heads right after q's in each row), a single token too
+    (whose row stride torch leaves arbitrary): both rotated, v untouched."""
+    torch.manual_seed(tokens)
+    heads, kv_heads, dim = 4, 2, 16
+    rotary = Rotary(type("Config", (), {"head_dim": dim, "rope_theta": 10000.0, "rope_scaling": None})())
+    cos, sin = rotary.tables(torch.arange(tokens) * 11 + 3, torch.float32)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim)
+    q = qkv[:, :heads * dim].view(tokens, heads, dim)
+    k = qkv[:, heads * dim:(heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    v_before = qkv[:, (heads + kv_heads) * dim:].clone()
+    want_q, want_k = apply_rotary(q.clone(), k.clone(), cos, sin)
+    got_q, got_k = cpu_ops._rotary_pair(lib, q, k, cos, sin)
+    torch.testing.assert_close(got_q, want_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_k, want_k, atol=1e-5, rtol=1e-5)
+    assert torch.equal(qkv[:, (heads + kv_heads) * dim:], v_before)
 
 
 def test_silu_mul_matches_torch_including_extremes(lib):
@@ -92,3 +143,6 @@ def test_only_the_native_linear_layout_fuses_the_ops(tiny_model):
     assert isinstance(fused.model.norm, cpu_ops.NativeRMSNorm)
     assert isinstance(layer.input_layernorm, cpu_ops.NativeRMSNorm)
     assert layer.self_attn.rotary.func is cpu_ops._rotary_pair and layer.mlp.act_mul.func is cpu_ops.silu_mul
+    assert layer.self_attn.qkv_proj is not None and layer.mlp.gate_up_proj is not None
+    assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "gate_proj")
+    assert plain.model.layers[0].self_attn.qkv_proj is None  # the torch layout keeps nn.Linear's three GEMMs

@@ -71,11 +71,13 @@ class NativePagedAttention(AttentionBackend):
         self._fallback = TorchPagedAttention()
         self._use_fallback = False
         self._workspace = None
+        self._params_meta: AttentionMetadata | None = None  # the step whose kernel parameters are cached
+        self._params: dict[tuple, PaParams] = {}
 
     def write_kv(self, k_cache, v_cache, k, v, meta):
         if self._use_fallback or k.stride() != v.stride():
             return self._fallback.write_kv(k_cache, v_cache, k, v, meta)
-        p = make_params(k, k_cache, meta, 1.0, k)
+        p = self._step_params(k, k_cache, meta, 1.0, k)
         args = [ctypes.byref(p), _ptr(k), _ptr(v), ctypes.c_int64(k.stride(0)), ctypes.c_int64(k.stride(1)),
                 _ptr(meta.slot_mapping), _ptr(k_cache), _ptr(v_cache)]
         status = self.lib.pa_cuda_write_kv(*args, _stream()) if self.cuda else self.lib.pa_cpu_write_kv(*args)
@@ -87,8 +89,8 @@ class NativePagedAttention(AttentionBackend):
     def forward(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         if self._use_fallback:
             return self._fallback.forward(q, k_cache, v_cache, meta, scale)
-        out = torch.empty_like(q)
-        p = make_params(q, k_cache, meta, scale, out)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        p = self._step_params(q, k_cache, meta, scale, out)
         args = [ctypes.byref(p), _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(meta.block_tables),
                 _ptr(meta.context_lens_tensor), _ptr(meta.query_start_loc_tensor), _ptr(out)]
         if self.cuda:
@@ -102,6 +104,17 @@ class NativePagedAttention(AttentionBackend):
             return self._fallback.forward(q, k_cache, v_cache, meta, scale)
         self._check(status)
         return out
+
+    def _step_params(self, q, k_cache, meta, scale, out) -> PaParams:
+        """make_params, built once per step and shape: every layer of a step passes the same metadata and
+        tensors of the same shapes and strides."""
+        if meta is not self._params_meta:
+            self._params_meta, self._params = meta, {}
+        key = (q.shape, q.stride(), q.dtype, out.stride(), k_cache.shape, k_cache.stride(), scale)
+        params = self._params.get(key)
+        if params is None:
+            params = self._params[key] = make_params(q, k_cache, meta, scale, out)
+        return params
 
     def _cuda_workspace(self, size: int, device) -> torch.Tensor:
         if self._workspace is None or self._workspace.numel() < size:

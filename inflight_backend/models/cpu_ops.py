@@ -28,8 +28,9 @@ def load_library() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(path))
     signatures = {
         "ops_rms_norm_f32": [_PTR, _I64, _I64, _I64, _PTR, _F32, _PTR],
+        "ops_add_rms_norm_f32": [_PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _F32, _PTR],
         "ops_rotary_f32": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR],
-        "ops_silu_mul_f32": [_PTR, _PTR, _I64, _PTR],
+        "ops_silu_mul_f32": [_PTR, _PTR, _I64, _I64, _I64, _PTR],
         "ops_argmax_rows_f32": [_PTR, _I64, _I64, _I64, _PTR],
     }
     for name, argtypes in signatures.items():
@@ -60,6 +61,19 @@ def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float
     return y.view(x.shape)
 
 
+def add_rms_norm_(lib: ctypes.CDLL, residual: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual += h in place, then (rms_norm(residual), residual): RMSNorm's residual form in one pass.
+    residual, h: (rows, n) with unit column stride; residual is written."""
+    rows, n = residual.shape
+    if h.shape != residual.shape or h.stride(-1) != 1 or residual.stride(-1) != 1:
+        raise ValueError("add_rms_norm_: residual and h must be (rows, n) of one shape with unit column stride")
+    y = torch.empty(rows, n, dtype=torch.float32)
+    _check(lib.ops_add_rms_norm_f32(residual.data_ptr(), h.data_ptr(), rows, n, residual.stride(0), h.stride(0),
+                                    weight.data_ptr(), eps, y.data_ptr()), "add_rms_norm")
+    return y, residual
+
+
 def rotary_(lib: ctypes.CDLL, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half rotary embedding in place. v: (T, heads, D) with contiguous heads; cos, sin: (T, 1, D)
     contiguous (Rotary.tables)."""
@@ -72,12 +86,17 @@ def rotary_(lib: ctypes.CDLL, v: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
 
 
 def silu_mul(lib: ctypes.CDLL, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up elementwise, gate and up of one shape."""
+    """silu(gate) * up elementwise, gate and up of one shape: rows sharing one row stride, as the two halves
+    of a merged gate/up projection's output, or any tensors (copied to contiguous first)."""
     if gate.shape != up.shape:
         raise ValueError(f"silu_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
-    gate, up = gate.contiguous(), up.contiguous()  # no copy for the linear outputs it is given
-    out = torch.empty_like(gate)
-    _check(lib.ops_silu_mul_f32(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr()), "silu_mul")
+    n = gate.shape[-1]
+    g, u = gate.reshape(-1, n), up.reshape(-1, n)
+    if g.stride(-1) != 1 or u.stride(-1) != 1 or g.stride(0) != u.stride(0):
+        g, u = g.contiguous(), u.contiguous()
+    out = torch.empty(gate.shape, dtype=torch.float32)
+    _check(lib.ops_silu_mul_f32(g.data_ptr(), u.data_ptr(), g.shape[0], n, g.stride(0) if g.shape[0] > 1 else n,
+                                out.data_ptr()), "silu_mul")
     return out
 
 
@@ -95,11 +114,22 @@ class NativeRMSNorm(nn.Module):
         super().__init__()
         self.weight, self.eps, self._lib = norm.weight, norm.eps, lib
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(self._lib, x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """As RMSNorm.forward; with `residual`, the add happens in place in `residual`."""
+        if residual is None:
+            return rms_norm(self._lib, x, self.weight, self.eps)
+        return add_rms_norm_(self._lib, residual, x, self.weight, self.eps)
 
 
 def _rotary_pair(lib, q, k, cos, sin):
+    """Rotary on q and k; one call when k's heads follow q's in each row (a merged qkv projection's output)."""
+    tokens, heads, dim = q.shape
+    adjacent = k.data_ptr() == q.data_ptr() + heads * dim * q.element_size() and k.shape[2] == dim
+    heads_contiguous = q.stride()[1:] == k.stride()[1:] == (dim, 1)
+    if adjacent and heads_contiguous and (tokens == 1 or q.stride(0) == k.stride(0)):
+        row = q.stride(0) if tokens > 1 else (heads + k.shape[1]) * dim  # a single token's stride is arbitrary
+        rotary_(lib, q.as_strided((tokens, heads + k.shape[1], dim), (row, dim, 1)), cos, sin)
+        return q, k
     return rotary_(lib, q, cos, sin), rotary_(lib, k, cos, sin)
 
 

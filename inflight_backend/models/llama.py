@@ -71,10 +71,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x); given the residual stream, first adds x to it (the residual add fused into the norm that
+        follows it, as vLLM does) and returns (norm(residual + x), residual + x)."""
+        if residual is not None:
+            x = residual = residual + x
         # As transformers: normalise in fp32, round to the input dtype, then scale (one fused kernel for the first).
-        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * h.to(x.dtype)
+        h = self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return h if residual is None else (h, residual)
 
 
 class Rotary(nn.Module):
@@ -136,15 +140,28 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.attention_bias)
+        self.qkv_proj: nn.Linear | None = None  # set by merge_projections
         self.backend = backend
         self.scale = self.head_dim ** -0.5
 
+    def merge_projections(self) -> None:
+        """Replace q/k/v_proj by one linear layer with their weights stacked: one GEMM per step instead of three,
+        whose output rows hold each token's q, k and v heads side by side."""
+        self.qkv_proj = merged_linear(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+
     def forward(self, x, rope, kv_cache, meta: AttentionMetadata):
         """rope: the step's (cos, sin) tables from Rotary.tables."""
-        num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # (T, H, D)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        num_tokens, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x)  # views below: rows of heads * d + 2 * kv_heads * d values
+            q = qkv[:, :heads * d].view(num_tokens, heads, d)
+            k = qkv[:, heads * d:(heads + kv_heads) * d].view(num_tokens, kv_heads, d)
+            v = qkv[:, (heads + kv_heads) * d:].view(num_tokens, kv_heads, d)
+        else:
+            q = self.q_proj(x).view(num_tokens, heads, d)  # (T, H, D)
+            k = self.k_proj(x).view(num_tokens, kv_heads, d)  # (T, Hkv, D)
+            v = self.v_proj(x).view(num_tokens, kv_heads, d)
         q, k = self.rotary(q, k, *rope)
         k_cache, v_cache = kv_cache
         self.backend.write_kv(k_cache, v_cache, k, v, meta)
@@ -161,9 +178,30 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
+        self.gate_up_proj: nn.Linear | None = None  # set by merge_projections
+
+    def merge_projections(self) -> None:
+        """Replace gate_proj and up_proj by one linear layer whose output rows are [gate | up]."""
+        self.gate_up_proj = merged_linear(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, x):
+        if self.gate_up_proj is not None:
+            gate_up = self.gate_up_proj(x)
+            half = gate_up.shape[-1] // 2
+            return self.down_proj(self.act_mul(gate_up[..., :half], gate_up[..., half:]))
         return self.down_proj(self.act_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+def merged_linear(*linears: nn.Linear) -> nn.Linear:
+    """One nn.Linear computing the given ones' outputs side by side (their weights stacked by output)."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    merged = nn.Linear(weight.shape[1], weight.shape[0], bias=linears[0].bias is not None,
+                       device=weight.device, dtype=weight.dtype)
+    merged.weight = nn.Parameter(weight, requires_grad=False)
+    if merged.bias is not None:
+        merged.bias = nn.Parameter(torch.cat([lin.bias.detach() for lin in linears]), requires_grad=False)
+    return merged
 
 
 class DecoderLayer(nn.Module):
@@ -174,9 +212,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, h, residual, rope, kv_cache, meta):
+        """One layer on the residual stream, each residual add fused into the norm after it: `h` is the output
+        of the layer before, still to be added to `residual` (at the first layer: the embeddings, and residual
+        None). Returns (this layer's output, residual)."""
+        if residual is None:
+            residual, h = h, self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(h, rope, kv_cache, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -202,9 +248,10 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list,
                 meta: AttentionMetadata, sample_indices: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: (T,); kv_caches: one (k, v) pair per layer -> (num_sampled, vocab) fp32."""
-        x = self.model.embed_tokens(input_ids)  # (T, hidden)
-        rope = self.model.rotary.tables(positions, x.dtype)
+        h = self.model.embed_tokens(input_ids)  # (T, hidden)
+        rope = self.model.rotary.tables(positions, h.dtype)
+        residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(x, rope, kv_cache, meta)
-        x = self.model.norm(x[sample_indices])
+            h, residual = layer(h, residual, rope, kv_cache, meta)
+        x, _ = self.model.norm(h[sample_indices], residual[sample_indices])
         return self.lm_head(x).float()

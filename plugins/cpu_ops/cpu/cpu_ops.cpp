@@ -43,19 +43,39 @@ int64_t argmax_row(const float* __restrict x, int64_t n) {
 
 }  // namespace
 
+namespace {
+
+// One row of RMSNorm: y = weight * (x / sqrt(mean(x^2) + eps)).
+inline void rms_norm_row(const float* __restrict x, int64_t n, const float* __restrict weight, float eps,
+                         float* __restrict y) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(sum / float(n) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = weight[i] * (x[i] * inv);
+}
+
+}  // namespace
+
 extern "C" int ops_rms_norm_f32(const float* x, int64_t rows, int64_t n, int64_t ldx, const float* weight,
                                 float eps, float* y) {
   if (rows < 0 || n <= 0 || ldx < n) return OPS_ERR_SHAPE;
 #pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) rms_norm_row(x + r * ldx, n, weight, eps, y + r * n);
+  return OPS_OK;
+}
+
+extern "C" int ops_add_rms_norm_f32(float* residual, const float* h, int64_t rows, int64_t n, int64_t ldr,
+                                    int64_t ldh, const float* weight, float eps, float* y) {
+  if (rows < 0 || n <= 0 || ldr < n || ldh < n) return OPS_ERR_SHAPE;
+#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* __restrict xr = x + r * ldx;
-    float* __restrict yr = y + r * n;
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; ++i) sum += xr[i] * xr[i];
-    const float inv = 1.f / std::sqrt(sum / float(n) + eps);
+    float* __restrict rr = residual + r * ldr;
+    const float* __restrict hr = h + r * ldh;
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) yr[i] = weight[i] * (xr[i] * inv);
+    for (int64_t i = 0; i < n; ++i) rr[i] += hr[i];
+    rms_norm_row(rr, n, weight, eps, y + r * n);
   }
   return OPS_OK;
 }
@@ -82,10 +102,17 @@ extern "C" int ops_rotary_f32(float* v, int64_t tokens, int64_t heads, int64_t h
   return OPS_OK;
 }
 
-extern "C" int ops_silu_mul_f32(const float* gate, const float* up, int64_t n, float* out) {
-  if (n < 0) return OPS_ERR_SHAPE;
-#pragma omp parallel for simd if (n >= kParallelWork) schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.f + exp_clamped(-gate[i])) * up[i];
+extern "C" int ops_silu_mul_f32(const float* gate, const float* up, int64_t rows, int64_t n, int64_t ld,
+                                float* out) {
+  if (rows < 0 || n < 0 || ld < n) return OPS_ERR_SHAPE;
+#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict g = gate + r * ld;
+    const float* __restrict u = up + r * ld;
+    float* __restrict o = out + r * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
+  }
   return OPS_OK;
 }
 

@@ -15,14 +15,20 @@ enum { OPS_OK = 0, OPS_ERR_SHAPE = 1 };
 int ops_rms_norm_f32(const float* x, int64_t rows, int64_t n, int64_t ldx, const float* weight, float eps,
                      float* y);
 
+// The residual add and the next RMSNorm in one pass: residual[r] += h[r] in place, then y[r] = RMSNorm of the
+// updated residual[r] as ops_rms_norm_f32. residual, h: (rows, n) with row strides ldr, ldh; y contiguous.
+int ops_add_rms_norm_f32(float* residual, const float* h, int64_t rows, int64_t n, int64_t ldr, int64_t ldh,
+                         const float* weight, float eps, float* y);
+
 // Rotary embedding, rotate-half form, in place on every head of every token: with h = head_dim / 2,
 // v[i] <- v[i] cos[i] - v[i + h] sin[i] and v[i + h] <- v[i + h] cos[i + h] + v[i] sin[i + h] (i < h).
 // v: (tokens, heads, head_dim) with token stride ldv and contiguous heads; cos, sin: (tokens, head_dim).
 int ops_rotary_f32(float* v, int64_t tokens, int64_t heads, int64_t head_dim, int64_t ldv, const float* cos,
                    const float* sin);
 
-// out = silu(gate) * up elementwise over n values (SwiGLU's activation).
-int ops_silu_mul_f32(const float* gate, const float* up, int64_t n, float* out);
+// out[r] = silu(gate[r]) * up[r] elementwise (SwiGLU's activation) for rows of n values; gate and up share the
+// row stride ld (a merged gate/up projection's output: up = gate + n, ld = 2n); out: (rows, n) contiguous.
+int ops_silu_mul_f32(const float* gate, const float* up, int64_t rows, int64_t n, int64_t ld, float* out);
 
 // out[r] = the first index of the largest of x[r][0..n) (greedy sampling); a row holding NaN gets the first
 // NaN's index, as torch.argmax does.
