@@ -106,6 +106,14 @@ def server_env(install: TritonInstall) -> dict[str, str]:
     return env
 
 
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 class TritonServer:
     """A tritonserver process serving `model_repository` on loopback ports."""
 
@@ -135,17 +143,17 @@ class TritonServer:
         return self
 
     def wait_ready(self, timeout: float) -> None:
+        """Until the models are ready and the metrics endpoint answers (tritonserver starts it last, after the
+        HTTP endpoint already reports ready)."""
         deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.http_port}/v2/health/ready"
+        urls = [f"http://127.0.0.1:{self.http_port}/v2/health/ready", f"http://127.0.0.1:{self.metrics_port}/metrics"]
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServerError(f"tritonserver exited with code {self.process.returncode}{self._log_hint()}")
-            try:
-                with urllib.request.urlopen(url, timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
+            while urls and _answers(urls[0]):
+                urls.pop(0)
+            if not urls:
+                return
             time.sleep(0.25)
         self.stop()
         raise ServerError(f"tritonserver not ready after {timeout:.0f}s{self._log_hint()}")
