@@ -1,9 +1,10 @@
 """CPU weight layouts for the model's linear layers, chosen once at load time (`linear_backend`).
 
 - `native`: PackedLinear, fp32 weights packed into the column panels of the skinny GEMM in plugins/linear
-  (libinflight_sgemm_cpu.so), with each layer's q/k/v and gate/up projections merged into one GEMM each. It streams each panel once per call; for the 1..32 rows of a decode step it runs
-  up to 1.5x faster than MKL, which repacks the weight on every call, and within 10-25% of MKL for prefill-sized
-  inputs (benchmarks/skinny_gemm.py).
+  (libinflight_sgemm_cpu.so), with each layer's q/k/v and gate/up projections merged into one GEMM each. It
+  streams each panel once per call; for the 1..32 rows of a decode step it runs up to 1.5x faster than MKL,
+  which repacks the weight on every call, and within 10-25% of MKL for prefill-sized inputs
+  (benchmarks/skinny_gemm.py).
 - `torch`: InputMajorLinear, the weight stored transposed, (in, out) contiguous: MKL's GEMM for few rows runs
   up to 2x faster with that layout than with nn.Linear's (out, in).
 `auto` picks native for fp32 when the library is built with AVX-512, else torch. CUDA models keep nn.Linear.

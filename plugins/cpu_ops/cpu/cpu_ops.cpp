@@ -41,10 +41,6 @@ int64_t argmax_row(const float* __restrict x, int64_t n) {
   return 0;  // every value -inf: index 0, as torch
 }
 
-}  // namespace
-
-namespace {
-
 // One row of RMSNorm: y = weight * (x / sqrt(mean(x^2) + eps)).
 inline void rms_norm_row(const float* __restrict x, int64_t n, const float* __restrict weight, float eps,
                          float* __restrict y) {
