@@ -3,10 +3,13 @@
     .venv/bin/python benchmarks/attention.py [--batches 1 8 32 64] [--contexts 128 512 2048] [--repeat 7]
                                              [--device cpu|cuda] [--dtype float32|bfloat16|float16]
     .venv/bin/python benchmarks/attention.py --prefill 512x512 512x2048 2048x2048
+    .venv/bin/python benchmarks/attention.py --mixed 256x2000+15 2000x2000+15
 
 `--prefill QxC`: one sequence whose last Q of C context tokens are new queries (a prompt chunk; Q = C is a whole
 prompt), causal; beside the reference it times torch's own fused attention (`scaled_dot_product_attention` on
 K/V gathered from the blocks, with the causal mask) as the peer a hand-written kernel should reach.
+`--mixed QxC+B`: a fused step, B decodes over C keys each and that prompt chunk last, timed as one call and as
+the chunk and the decodes in two calls: a mixed call should cost no more than the two.
 
 Head size 64, 8 query heads / 2 KV heads, block size 16, fp32, block tables in random physical order. The
 memory-bandwidth floor is the bytes of K and V one decode step reads divided by the copy bandwidth measured
@@ -26,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inflight_backend.attention import NativePagedAttention, TorchPagedAttention, load_library  # noqa: E402
 from inflight_backend.attention.base import AttentionMetadata  # noqa: E402
+from inflight_backend.attention.random_batch import random_batch  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 8, 2, 64, 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,6 +61,26 @@ def prefill_chunk(num_queries: int, context: int, seed: int = 0, device: str = "
     meta.query_start_loc, meta.decode_only = [0, num_queries], False
     meta.query_start_loc_tensor = torch.tensor([0, num_queries], dtype=torch.int32, device=device)
     return q, k_cache, v_cache, meta
+
+
+def mixed_table(native, specs: list[str], repeat: int, device: str, dtype) -> None:
+    print("| queries | context | decodes | mixed call (ms) | chunk alone (ms) | decodes alone (ms) | "
+          "mixed / (chunk + decodes) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    scale = HEAD_SIZE ** -0.5
+    for spec in specs:
+        chunk, _, decodes = spec.lower().partition("+")
+        num_queries, context = (int(x) for x in chunk.split("x"))
+        calls = []
+        for lengths in ([(context, 1)] * int(decodes) + [(context, num_queries)], [(context, num_queries)],
+                        [(context, 1)] * int(decodes)):
+            q, k_cache, v_cache, meta = random_batch(
+                random.Random(0), num_seqs=0, block_size=BLOCK_SIZE, num_heads=HEADS, num_kv_heads=KV_HEADS,
+                head_size=HEAD_SIZE, max_context=0, max_query=0, dtype=dtype, device=device, lengths=lengths)
+            calls.append(seconds(lambda: native.forward(q, k_cache, v_cache, meta, scale), repeat))
+        mixed, alone, dec = calls
+        print(f"| {num_queries} | {context} | {decodes} | {mixed * 1e3:.2f} | {alone * 1e3:.2f} | {dec * 1e3:.2f} | "
+              f"{mixed / (alone + dec):.2f} |")
 
 
 def fused_sdpa(q, k_cache, v_cache, meta, scale):
@@ -117,6 +141,7 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
     parser.add_argument("--prefill", nargs="+", metavar="QxC", help="time prompt chunks instead of decode")
+    parser.add_argument("--mixed", nargs="+", metavar="QxC+B", help="time a prompt chunk beside B decodes")
     args = parser.parse_args()
     lib = load_library(args.device)
     if lib is None:
@@ -127,6 +152,10 @@ def main() -> None:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {args.dtype}, "
               f"{HEADS} heads / {KV_HEADS} KV heads, head size {HEAD_SIZE}")
         return prefill_table(native, reference, args.prefill, args.repeat, args.device, dtype)
+    if args.mixed:
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {args.dtype}, "
+              f"{HEADS} heads / {KV_HEADS} KV heads, head size {HEAD_SIZE}")
+        return mixed_table(native, args.mixed, args.repeat, args.device, dtype)
     bandwidth = copy_bandwidth(device=args.device)
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} CPU threads"
     print(f"torch {torch.__version__}, {where}, {args.dtype}; copy bandwidth {bandwidth / 1e9:.1f} GB/s")

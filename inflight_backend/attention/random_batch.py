@@ -18,10 +18,14 @@ CASES = [  # (block_size, group, max_context, max_query, num_seqs)
 
 
 def random_batch(rng, *, num_seqs, block_size, num_heads, num_kv_heads, head_size, max_context, max_query,
-                 dtype, device="cpu"):
-    """A packed batch with random context/query lengths and block tables in random physical order."""
-    ctx = [rng.randint(1, max_context) for _ in range(num_seqs)]
-    nq = [rng.randint(1, min(c, max_query)) for c in ctx]
+                 dtype, device="cpu", lengths=None):
+    """A packed batch with random context/query lengths (or the given (context, queries) per sequence, which
+    override num_seqs, max_context and max_query) and block tables in random physical order."""
+    if lengths is None:
+        ctx = [rng.randint(1, max_context) for _ in range(num_seqs)]
+        nq = [rng.randint(1, min(c, max_query)) for c in ctx]
+    else:
+        ctx, nq = [c for c, _ in lengths], [n for _, n in lengths]
     blocks_needed = [-(-c // block_size) for c in ctx]
     num_blocks = sum(blocks_needed) + 3
     physical = list(range(num_blocks))

@@ -1,10 +1,9 @@
-// Paged attention on the CPU: walks each sequence's block table directly (no gather copies), one OpenMP task
-// per (sequence, KV head), or per sequence when there are enough, so K and V rows are read once for every
-// query head of the group, and keeps an online softmax in fp32, rescaling once per chunk of keys. Prefill
-// queries of one sequence go in blocks, so each K/V row read serves every (query, head) row of the block;
-// causal limits mask per row. Blocks of at least kMinTiledRows rows score a chunk of keys as a small GEMM
-// (the chunk transposed once, keys along the vector lanes, four rows per register tile) instead of one
-// horizontal dot per (row, key).
+// Paged attention on the CPU: walks each sequence's block table directly (no gather copies). Work is split into
+// tasks of (sequence, KV head, block of queries), or whole one-block sequences when there are enough, so K and V
+// rows are read once for every query head of the group; an online softmax in fp32 rescales once per chunk of
+// keys. Each K/V row read serves every (query, head) row of a block; causal limits mask per row. Blocks of at
+// least kMinTiledRows rows score a chunk of keys as a small GEMM (the chunk transposed once, keys along the
+// vector lanes, four rows per register tile) instead of one horizontal dot per (row, key).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -316,6 +315,33 @@ void attend(const pa_params& p, int rows, int group_size, const Seq<T>& k, const
   }
 }
 
+// One unit of work: query rows [j0, j0 + nq) of sequence s, KV heads [h0, h0 + nh).
+struct Task {
+  int s, h0, nh, j0, nq;
+  int64_t cost;  // keys read times (rows + a streaming term): only compared with other tasks' costs
+};
+
+// Tasks of one call, largest first. A sequence with several query blocks (a prompt or prompt chunk) is split by
+// KV head and block, so both threads share it even beside many decodes; with enough single-block sequences to
+// go round, one task takes all KV heads of a sequence: the heads of a token share cache lines, so the second
+// head's pass finds them in this core's cache instead of fetching them again. Largest first, handed out one at
+// a time, keeps a long prompt's blocks from being what one thread is left doing alone at the end.
+std::vector<Task> make_tasks(const pa_params& p, const int32_t* context_lens, const int32_t* qsl, int block) {
+  const bool group_heads = p.num_seqs >= 2 * omp_get_max_threads();
+  std::vector<Task> tasks;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int num_q = qsl[s + 1] - qsl[s], first_key = context_lens[s] - num_q;
+    const int nh = group_heads && num_q <= block ? p.num_kv_heads : 1;
+    for (int j0 = 0; j0 < num_q; j0 += block)
+      for (int h = 0; h < p.num_kv_heads; h += nh) {
+        const int nq = std::min(block, num_q - j0);
+        tasks.push_back({s, h, nh, j0, nq, int64_t(nh) * (first_key + j0 + nq) * (nq + 4)});
+      }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  return tasks;
+}
+
 template <typename T>
 void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const int32_t* block_tables,
                const int32_t* context_lens, const int32_t* qsl, T* out) {
@@ -323,35 +349,31 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
   int max_q = 1;
   for (int s = 0; s < p.num_seqs; ++s) max_q = std::max(max_q, qsl[s + 1] - qsl[s]);
   const int block = std::min(max_q, std::max(1, kMaxRows / group));  // queries per block
-  // With enough sequences to go round, one task takes all KV heads of a sequence: the heads of a token share
-  // cache lines, so the second head's pass finds them in this core's cache instead of fetching them again.
-  const int heads_per_task = p.num_seqs >= 2 * omp_get_max_threads() ? p.num_kv_heads : 1;
-  const int tasks = p.num_seqs * (p.num_kv_heads / heads_per_task);
+  const std::vector<Task> tasks = make_tasks(p, context_lens, qsl, block);
+  const int num_tasks = int(tasks.size());
 #pragma omp parallel
   {
     Scratch w(block * group, D);  // sized for this call: decode-only steps allocate a few rows
 #pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < tasks; ++task) {
-      const int s = task * heads_per_task / p.num_kv_heads, h0 = task * heads_per_task % p.num_kv_heads;
-      for (int h = h0; h < h0 + heads_per_task; ++h) {
-        const int32_t* table = block_tables + int64_t(s) * p.max_blocks_per_seq;
+    for (int i = 0; i < num_tasks; ++i) {
+      const Task& task = tasks[i];
+      const int s = task.s, j0 = task.j0, nq = task.nq;
+      const int32_t* table = block_tables + int64_t(s) * p.max_blocks_per_seq;
+      const int q0 = qsl[s], num_q = qsl[s + 1] - qsl[s], len = context_lens[s];
+      for (int h = task.h0; h < task.h0 + task.nh; ++h) {
         const Seq<T> k{kc, table, &p, h}, v{vc, table, &p, h};
-        const int q0 = qsl[s], num_q = qsl[s + 1] - qsl[s], len = context_lens[s];
-        for (int j0 = 0; j0 < num_q; j0 += block) {
-          const int nq = std::min(block, num_q - j0);
-          for (int j = 0; j < nq; ++j) {
-            const int64_t t = q0 + j0 + j;
-            for (int g = 0; g < group; ++g) {
-              const int r = j * group + g;
-              const T* row = q + t * p.q_stride_token + int64_t(h * group + g) * p.q_stride_head;
-              for (int d = 0; d < D; ++d) w.q[r * D + d] = to_float(row[d]) * p.scale;
-              w.limit[r] = len - num_q + j0 + j + 1;  // causal: query j0 + j sees this many keys
-            }
+        for (int j = 0; j < nq; ++j) {
+          const int64_t t = q0 + j0 + j;
+          for (int g = 0; g < group; ++g) {
+            const int r = j * group + g;
+            const T* row = q + t * p.q_stride_token + int64_t(h * group + g) * p.q_stride_head;
+            for (int d = 0; d < D; ++d) w.q[r * D + d] = to_float(row[d]) * p.scale;
+            w.limit[r] = len - num_q + j0 + j + 1;  // causal: query j0 + j sees this many keys
           }
-          attend(p, nq * group, group, k, v, len - num_q + j0 + nq, w,
-                 out + (q0 + j0) * p.out_stride_token + int64_t(h * group) * p.out_stride_head, p.out_stride_token,
-                 p.out_stride_head);
         }
+        attend(p, nq * group, group, k, v, len - num_q + j0 + nq, w,
+               out + (q0 + j0) * p.out_stride_token + int64_t(h * group) * p.out_stride_head, p.out_stride_token,
+               p.out_stride_head);
       }
     }
   }
