@@ -5,8 +5,9 @@
 - load.png: output tokens/s against p99 TTFT and p99 inter-token latency, one line per target across load points.
 - timeline-TARGET.png: one run's batch composition over time (prefill and decode tokens per step, running and
   waiting requests), for every run that recorded a timeline.
-- printed: the same composition as a markdown table (time, steps and tokens by number of running sequences),
-  which docs/PERFORMANCE.md quotes.
+- printed: the same composition as markdown tables, which docs/PERFORMANCE.md quotes: time, steps and tokens by
+  number of running sequences, and by kind of step (prompt only, decode only, mixed) with the time per prompt
+  token (a mixed step that costs more per prompt token than a prompt-only one is doing its work badly).
 """
 from __future__ import annotations
 
@@ -85,6 +86,28 @@ def composition_table(run: dict) -> str:
     return "\n".join(lines)
 
 
+def step_kind_table(run: dict) -> str:
+    """Seconds, steps and tokens of one run by kind of step: prompt tokens only, decode tokens only, or both."""
+    rows = {kind: [0.0, 0, 0, 0] for kind in ("prompt only", "decode only", "mixed")}
+    timeline = run["timeline"]
+    for (before, *_), (when, prefill, decode, *_rest) in zip(timeline, timeline[1:]):
+        if not (prefill or decode):
+            continue
+        row = rows["mixed" if prefill and decode else "prompt only" if prefill else "decode only"]
+        row[0] += when - before
+        row[1] += 1
+        row[2] += prefill
+        row[3] += decode
+    lines = ["| step kind | seconds | steps | prompt tokens | decode tokens | ms per step | us per prompt token |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for kind, (seconds, steps, prefill, decode) in rows.items():
+        if steps:
+            per_token = f"{seconds / prefill * 1e6:.1f}" if prefill else ""
+            lines.append(f"| {kind} | {seconds:.2f} | {steps} | {prefill} | {decode} | {seconds / steps * 1e3:.2f} | "
+                         f"{per_token} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+")
@@ -98,6 +121,7 @@ def main() -> None:
         if run.get("timeline"):
             print(timeline_plot(run, out))
             print(composition_table(run))
+            print(step_kind_table(run))
 
 
 if __name__ == "__main__":
