@@ -5,9 +5,7 @@
 - load.png: output tokens/s against p99 TTFT and p99 inter-token latency, one line per target across load points.
 - timeline-TARGET.png: one run's batch composition over time (prefill and decode tokens per step, running and
   waiting requests), for every run that recorded a timeline.
-- printed: the same composition as markdown tables, which docs/PERFORMANCE.md quotes: time, steps and tokens by
-  number of running sequences, and by kind of step (prompt only, decode only, mixed) with the time per prompt
-  token (a mixed step that costs more per prompt token than a prompt-only one is doing its work badly).
+- printed: the same composition as markdown tables (`benchmarks/timeline.py`), which docs/PERFORMANCE.md quotes.
 """
 from __future__ import annotations
 
@@ -21,6 +19,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from benchmarks.timeline import composition_table, step_kind_table  # noqa: E402
 
 
 def load_plot(runs: list[dict], out: Path) -> Path:
@@ -60,52 +60,6 @@ def timeline_plot(run: dict, out: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-RUNNING_BUCKETS = ((32, None), (16, 31), (8, 15), (1, 7))
-
-
-def composition_table(run: dict) -> str:
-    """Seconds, steps, decode and prefill tokens of one run, by how many sequences were running at each step."""
-    rows = {bucket: [0.0, 0, 0, 0] for bucket in RUNNING_BUCKETS}
-    timeline = run["timeline"]
-    for (before, *_), (when, prefill, decode, running, _waiting) in zip(timeline, timeline[1:]):
-        for low, high in RUNNING_BUCKETS:
-            if running >= low and (high is None or running <= high):
-                row = rows[(low, high)]
-                row[0] += when - before
-                row[1] += 1
-                row[2] += decode
-                row[3] += prefill
-    lines = [f"{run['target']} ({run['load']}{', round ' + str(run['round'] + 1) if 'round' in run else ''}): "
-             f"{run['duration_s']:.1f} s", "| running sequences | seconds | steps | decode tokens | prefill tokens |",
-             "|---|---:|---:|---:|---:|"]
-    for (low, high), (seconds, steps, decode, prefill) in rows.items():
-        label = f">= {low}" if high is None else f"{low}-{high}"
-        lines.append(f"| {label} | {seconds:.2f} | {steps} | {decode} | {prefill} |")
-    return "\n".join(lines)
-
-
-def step_kind_table(run: dict) -> str:
-    """Seconds, steps and tokens of one run by kind of step: prompt tokens only, decode tokens only, or both."""
-    rows = {kind: [0.0, 0, 0, 0] for kind in ("prompt only", "decode only", "mixed")}
-    timeline = run["timeline"]
-    for (before, *_), (when, prefill, decode, *_rest) in zip(timeline, timeline[1:]):
-        if not (prefill or decode):
-            continue
-        row = rows["mixed" if prefill and decode else "prompt only" if prefill else "decode only"]
-        row[0] += when - before
-        row[1] += 1
-        row[2] += prefill
-        row[3] += decode
-    lines = ["| step kind | seconds | steps | prompt tokens | decode tokens | ms per step | us per prompt token |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for kind, (seconds, steps, prefill, decode) in rows.items():
-        if steps:
-            per_token = f"{seconds / prefill * 1e6:.1f}" if prefill else ""
-            lines.append(f"| {kind} | {seconds:.2f} | {steps} | {prefill} | {decode} | {seconds / steps * 1e3:.2f} | "
-                         f"{per_token} |")
-    return "\n".join(lines)
 
 
 def main() -> None:

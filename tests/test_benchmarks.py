@@ -9,7 +9,7 @@ import statistics
 import numpy as np
 import pytest
 
-from benchmarks.plots import step_kind_table
+from benchmarks.timeline import step_kind_table
 from benchmarks.records import RequestRecord, percentile, summarize
 from benchmarks.serve_bench import arrival_sets, chunk_budget, ratio_table
 from benchmarks.workload import load, make_workload, save
