@@ -75,8 +75,8 @@ def mixed_table(native, specs: list[str], repeat: int, device: str, dtype) -> No
         for lengths in ([(context, 1)] * int(decodes) + [(context, num_queries)], [(context, num_queries)],
                         [(context, 1)] * int(decodes)):
             q, k_cache, v_cache, meta = random_batch(
-                random.Random(0), num_seqs=0, block_size=BLOCK_SIZE, num_heads=HEADS, num_kv_heads=KV_HEADS,
-                head_size=HEAD_SIZE, max_context=0, max_query=0, dtype=dtype, device=device, lengths=lengths)
+                random.Random(0), block_size=BLOCK_SIZE, num_heads=HEADS, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
+                dtype=dtype, device=device, lengths=lengths)
             calls.append(seconds(lambda: native.forward(q, k_cache, v_cache, meta, scale), repeat))
         mixed, alone, dec = calls
         print(f"| {num_queries} | {context} | {decodes} | {mixed * 1e3:.2f} | {alone * 1e3:.2f} | {dec * 1e3:.2f} | "

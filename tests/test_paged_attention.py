@@ -37,9 +37,8 @@ def test_cpu_kernel_mixed_step_matches_reference(cpu_backend, dtype):
     """A fused step: many decodes (one task per sequence) beside prompt chunks that the kernel splits by KV head
     and block of queries, the longest last as the fused policy schedules it."""
     lengths = [(c, 1) for c in (5, 700, 33, 1200, 64, 17, 300, 900)] + [(40, 40), (600, 200), (1500, 700)]
-    q, k_cache, v_cache, meta = random_batch(random.Random(3), num_seqs=0, block_size=16, num_heads=4,
-                                             num_kv_heads=2, head_size=64, max_context=0, max_query=0,
-                                             dtype=dtype, lengths=lengths)
+    q, k_cache, v_cache, meta = random_batch(random.Random(3), block_size=16, num_heads=4, num_kv_heads=2,
+                                             head_size=64, dtype=dtype, lengths=lengths)
     want = TorchPagedAttention().forward(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)
     got = cpu_backend.forward(q, k_cache, v_cache, meta, 0.125)
     assert (got.float() - want).abs().max().item() <= TOLERANCE[dtype]

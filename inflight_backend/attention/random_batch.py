@@ -17,11 +17,12 @@ CASES = [  # (block_size, group, max_context, max_query, num_seqs)
 ]
 
 
-def random_batch(rng, *, num_seqs, block_size, num_heads, num_kv_heads, head_size, max_context, max_query,
-                 dtype, device="cpu", lengths=None):
-    """A packed batch with random context/query lengths (or the given (context, queries) per sequence, which
-    override num_seqs, max_context and max_query) and block tables in random physical order."""
+def random_batch(rng, *, block_size, num_heads, num_kv_heads, head_size, dtype, num_seqs=None, max_context=None,
+                 max_query=None, lengths=None, device="cpu"):
+    """A packed batch with block tables in random physical order and random context/query lengths (num_seqs,
+    max_context, max_query) or the given ones (`lengths`: (context, queries) per sequence)."""
     if lengths is None:
+        assert None not in (num_seqs, max_context, max_query), "random lengths need num_seqs, max_context, max_query"
         ctx = [rng.randint(1, max_context) for _ in range(num_seqs)]
         nq = [rng.randint(1, min(c, max_query)) for c in ctx]
     else:
