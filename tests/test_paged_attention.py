@@ -32,11 +32,20 @@ def test_cpu_kernel_matches_reference(cpu_backend, dtype, head_size, case):
     compare(cpu_backend, dtype, "cpu", head_size, case, seed=hash((head_size, case)) % 1000)
 
 
+MIXED_STEPS = {  # (context, queries) per sequence
+    # a fused step: decodes (whole-sequence tasks) beside prompt chunks the kernel splits by KV head and block of
+    # queries, the longest last as the fused policy schedules it
+    "chunks-beside-decodes": [(c, 1) for c in (5, 700, 33, 1200, 64, 17, 300, 900)] + [(40, 40), (600, 200),
+                                                                                        (1500, 700)],
+    # one long decode among short ones: split by KV head, the short ones whole
+    "long-decode-among-short": [(2000, 1), (64, 1), (64, 1), (64, 1), (16, 1)],
+}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_cpu_kernel_mixed_step_matches_reference(cpu_backend, dtype):
-    """A fused step: many decodes (one task per sequence) beside prompt chunks that the kernel splits by KV head
-    and block of queries, the longest last as the fused policy schedules it."""
-    lengths = [(c, 1) for c in (5, 700, 33, 1200, 64, 17, 300, 900)] + [(40, 40), (600, 200), (1500, 700)]
+@pytest.mark.parametrize("step", MIXED_STEPS)
+def test_cpu_kernel_mixed_step_matches_reference(cpu_backend, dtype, step):
+    lengths = MIXED_STEPS[step]
     q, k_cache, v_cache, meta = random_batch(random.Random(3), block_size=16, num_heads=4, num_kv_heads=2,
                                              head_size=64, dtype=dtype, lengths=lengths)
     want = TorchPagedAttention().forward(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)

@@ -1,5 +1,5 @@
 // Paged attention on the CPU: walks each sequence's block table directly (no gather copies). Work is split into
-// tasks of (sequence, KV head, block of queries), or whole one-block sequences when there are enough, so K and V
+// tasks of (sequence, KV head, block of queries), or whole one-block sequences when they are small, so K and V
 // rows are read once for every query head of the group; an online softmax in fp32 rescales once per chunk of
 // keys. Each K/V row read serves every (query, head) row of a block; causal limits mask per row. Blocks of at
 // least kMinTiledRows rows score a chunk of keys as a small GEMM (the chunk transposed once, keys along the
@@ -321,21 +321,29 @@ struct Task {
   int64_t cost;  // keys read times (rows + a streaming term): only compared with other tasks' costs
 };
 
+// Cost of one KV head's pass over keys [0, keys) for nq query rows: keys read times (rows + a streaming term).
+inline int64_t task_cost(int keys, int nq) { return int64_t(keys) * (nq + 4); }
+
 // Tasks of one call, largest first. A sequence with several query blocks (a prompt or prompt chunk) is split by
-// KV head and block, so both threads share it even beside many decodes; with enough single-block sequences to
-// go round, one task takes all KV heads of a sequence: the heads of a token share cache lines, so the second
-// head's pass finds them in this core's cache instead of fetching them again. Largest first, handed out one at
-// a time, keeps a long prompt's blocks from being what one thread is left doing alone at the end.
+// KV head and block, so every thread shares it even beside many decodes. With at least two sequences per thread,
+// a one-block sequence (a decode) goes whole, all KV heads in one task: the heads of a token share cache lines,
+// so the second head's pass finds them in this core's cache instead of fetching them again; unless the whole
+// task would be more than a thread's share of the call (a long context among short ones), which would leave one
+// thread doing it alone. Largest first, handed out one at a time, keeps the big tasks from ending the call.
 std::vector<Task> make_tasks(const pa_params& p, const int32_t* context_lens, const int32_t* qsl, int block) {
-  const bool group_heads = p.num_seqs >= 2 * omp_get_max_threads();
+  const int threads = omp_get_max_threads();
+  int64_t total = 0;  // per KV head
+  for (int s = 0; s < p.num_seqs; ++s) total += task_cost(context_lens[s], qsl[s + 1] - qsl[s]);
   std::vector<Task> tasks;
   for (int s = 0; s < p.num_seqs; ++s) {
     const int num_q = qsl[s + 1] - qsl[s], first_key = context_lens[s] - num_q;
-    const int nh = group_heads && num_q <= block ? p.num_kv_heads : 1;
+    const bool whole = p.num_seqs >= 2 * threads && num_q <= block &&
+                       task_cost(context_lens[s], num_q) * threads <= total;
+    const int nh = whole ? p.num_kv_heads : 1;
     for (int j0 = 0; j0 < num_q; j0 += block)
       for (int h = 0; h < p.num_kv_heads; h += nh) {
         const int nq = std::min(block, num_q - j0);
-        tasks.push_back({s, h, nh, j0, nq, int64_t(nh) * (first_key + j0 + nq) * (nq + 4)});
+        tasks.push_back({s, h, nh, j0, nq, nh * task_cost(first_key + j0 + nq, nq)});
       }
   }
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
