@@ -318,7 +318,7 @@ void attend(const pa_params& p, int rows, int group_size, const Seq<T>& k, const
 // One unit of work: query rows [j0, j0 + nq) of sequence s, KV heads [h0, h0 + nh).
 struct Task {
   int s, h0, nh, j0, nq;
-  int64_t cost;  // keys read times (rows + a streaming term): only compared with other tasks' costs
+  int64_t cost;  // task_cost() times its heads: orders the tasks, largest first
 };
 
 // Cost of one KV head's pass over keys [0, keys) for nq query rows: keys read times (rows + a streaming term).
