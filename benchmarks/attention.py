@@ -148,13 +148,11 @@ def main() -> None:
         sys.exit(f"the {args.device} kernel library is missing: run `make native` first")
     dtype = DTYPES[args.dtype]
     native, reference = NativePagedAttention(lib, args.device), TorchPagedAttention()
-    if args.prefill:
+    if args.prefill or args.mixed:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {args.dtype}, "
               f"{HEADS} heads / {KV_HEADS} KV heads, head size {HEAD_SIZE}")
-        return prefill_table(native, reference, args.prefill, args.repeat, args.device, dtype)
-    if args.mixed:
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {args.dtype}, "
-              f"{HEADS} heads / {KV_HEADS} KV heads, head size {HEAD_SIZE}")
+        if args.prefill:
+            return prefill_table(native, reference, args.prefill, args.repeat, args.device, dtype)
         return mixed_table(native, args.mixed, args.repeat, args.device, dtype)
     bandwidth = copy_bandwidth(device=args.device)
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} CPU threads"

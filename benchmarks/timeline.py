@@ -15,24 +15,41 @@ from pathlib import Path
 
 
 RUNNING_BUCKETS = ((32, None), (16, 31), (8, 15), (1, 7))
+STEP_KINDS = ("prompt only", "decode only", "mixed")
+
+
+def _totals(run: dict, key, keys) -> dict:
+    """{key: [seconds, steps, prompt tokens, decode tokens]} over the run's steps, each step under key(step)
+    (None: not counted); `keys` fixes the rows and their order."""
+    rows = {k: [0.0, 0, 0, 0] for k in keys}
+    timeline = run["timeline"]
+    for (before, *_), step in zip(timeline, timeline[1:]):
+        row = rows.get(key(step))
+        if row is not None:
+            row[0] += step[0] - before
+            row[1] += 1
+            row[2] += step[1]
+            row[3] += step[2]
+    return rows
+
+
+def _running_bucket(step):
+    running = step[3]
+    return next(((low, high) for low, high in RUNNING_BUCKETS if running >= low and (high is None or running <= high)),
+                None)
+
+
+def _step_kind(step):
+    prefill, decode = step[1], step[2]
+    return "mixed" if prefill and decode else "prompt only" if prefill else "decode only" if decode else None
 
 
 def composition_table(run: dict) -> str:
     """Seconds, steps, decode and prefill tokens of one run, by how many sequences were running at each step."""
-    rows = {bucket: [0.0, 0, 0, 0] for bucket in RUNNING_BUCKETS}
-    timeline = run["timeline"]
-    for (before, *_), (when, prefill, decode, running, _waiting) in zip(timeline, timeline[1:]):
-        for low, high in RUNNING_BUCKETS:
-            if running >= low and (high is None or running <= high):
-                row = rows[(low, high)]
-                row[0] += when - before
-                row[1] += 1
-                row[2] += decode
-                row[3] += prefill
     lines = [f"{run['target']} ({run['load']}{', round ' + str(run['round'] + 1) if 'round' in run else ''}): "
              f"{run['duration_s']:.1f} s", "| running sequences | seconds | steps | decode tokens | prefill tokens |",
              "|---|---:|---:|---:|---:|"]
-    for (low, high), (seconds, steps, decode, prefill) in rows.items():
+    for (low, high), (seconds, steps, prefill, decode) in _totals(run, _running_bucket, RUNNING_BUCKETS).items():
         label = f">= {low}" if high is None else f"{low}-{high}"
         lines.append(f"| {label} | {seconds:.2f} | {steps} | {decode} | {prefill} |")
     return "\n".join(lines)
@@ -40,19 +57,9 @@ def composition_table(run: dict) -> str:
 
 def step_kind_table(run: dict) -> str:
     """Seconds, steps and tokens of one run by kind of step: prompt tokens only, decode tokens only, or both."""
-    rows = {kind: [0.0, 0, 0, 0] for kind in ("prompt only", "decode only", "mixed")}
-    timeline = run["timeline"]
-    for (before, *_), (when, prefill, decode, *_rest) in zip(timeline, timeline[1:]):
-        if not (prefill or decode):
-            continue
-        row = rows["mixed" if prefill and decode else "prompt only" if prefill else "decode only"]
-        row[0] += when - before
-        row[1] += 1
-        row[2] += prefill
-        row[3] += decode
     lines = ["| step kind | seconds | steps | prompt tokens | decode tokens | ms per step | us per prompt token |",
              "|---|---:|---:|---:|---:|---:|---:|"]
-    for kind, (seconds, steps, prefill, decode) in rows.items():
+    for kind, (seconds, steps, prefill, decode) in _totals(run, _step_kind, STEP_KINDS).items():
         if steps:
             per_token = f"{seconds / prefill * 1e6:.1f}" if prefill else ""
             lines.append(f"| {kind} | {seconds:.2f} | {steps} | {prefill} | {decode} | {seconds / steps * 1e3:.2f} | "
