@@ -10,8 +10,10 @@ import sys
 from inflight_backend.repository import model_config, write_repository
 write_repository(sys.argv[1], {"llm": model_config(sys.argv[2], "llm")})
 PY
+  # perf_analyzer reads the model config over gRPC and cannot send the admin key: leave model-config open.
   .venv/bin/inflight serve --model-repository "$work/repo" --http-port "$HTTP" --grpc-port "$GRPC" \
-    --metrics-port "$METRICS" > "$work/server.log" 2>&1 &
+    --metrics-port "$METRICS" --restricted-api shared-memory,model-repository,logging,trace \
+    > "$work/server.log" 2>&1 &
   SERVER=$!
   trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
   until grep -q "inflight: ready" "$work/server.log"; do

@@ -9,17 +9,19 @@ from __future__ import annotations
 import copy
 import queue
 import threading
+import time
 import traceback
 from typing import Callable
 
 from .engine import InflightEngine, RequestError, RequestOutput
-from .request import SamplingParams
+from .request import SamplingParams, ServerStopping
 from .stats import EngineStats
 
 Emit = Callable[[list[RequestOutput], EngineStats], None]
 
 _IDLE_WAIT_S = 0.05
 _EMPTY_STEP_WAIT_S = 0.001  # requests wait but none could be scheduled (static batch filling, pool full)
+_STOP_TIMEOUT_S = 10.0  # both threads, in all: well inside Triton's default exit timeout of 30 s
 
 
 class BatchLoop:
@@ -33,6 +35,8 @@ class BatchLoop:
         self._outputs: queue.SimpleQueue = queue.SimpleQueue()
         self._pending_adds = 0  # submitted, not yet in the engine's waiting queue
         self._pending_lock = threading.Lock()
+        self._drain_message: str | None = None  # engine thread only: once set, every request ends with it
+        self._closed = False  # set by stop(): emit is never called again
         self._threads = [threading.Thread(target=self._run_engine, name="inflight-engine", daemon=True),
                          threading.Thread(target=self._run_responder, name="inflight-responder", daemon=True)]
         for thread in self._threads:
@@ -51,11 +55,19 @@ class BatchLoop:
     def cancel(self, req_id: str) -> None:
         self._commands.put(("cancel", req_id))
 
-    def stop(self) -> None:
-        """Cancel every open request (each gets its final output), then stop both threads."""
+    def drain(self, message: str) -> None:
+        """End every open request with the error `message`, and every request submitted from now on."""
+        self._commands.put(("drain", message))
+
+    def stop(self, timeout: float = _STOP_TIMEOUT_S) -> bool:
+        """Cancel every open request (each gets its final output), then stop both threads, waiting at most
+        `timeout` seconds in all. Once it returns, `emit` is never called again. False if a thread overran."""
         self._commands.put(("stop",))
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(timeout=30)
+            thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+        self._closed = True
+        return not any(thread.is_alive() for thread in self._threads)
 
     def _run_engine(self) -> None:
         engine = self.engine
@@ -91,6 +103,9 @@ class BatchLoop:
             elif kind == "cancel":
                 if (out := self.engine.abort(command[1])) is not None:
                     outputs.append(out)
+            elif kind == "drain":
+                self._drain_message = command[1]
+                outputs += self.engine.fail_all(command[1])
             else:
                 outputs += [self.engine.abort(req_id) for req_id in self.engine.open_request_ids()]
                 self._outputs.put((outputs, copy.copy(self.engine.stats)))
@@ -100,6 +115,8 @@ class BatchLoop:
         with self._pending_lock:
             self._pending_adds -= 1
         try:
+            if self._drain_message is not None:
+                raise ServerStopping(self._drain_message)
             self.engine.add_request(req_id, prompt_ids, params, priority, arrival_time)
         except RequestError as exc:
             outputs.append(RequestOutput(req_id, [], "", "error", len(prompt_ids), 0, error=str(exc)))
@@ -109,9 +126,11 @@ class BatchLoop:
             try:
                 item = self._outputs.get(timeout=_IDLE_WAIT_S)
             except queue.Empty:
+                if self._closed:
+                    return
                 self._on_idle()
                 continue
-            if item is None:
+            if item is None or self._closed:
                 return
             try:
                 self._emit(*item)

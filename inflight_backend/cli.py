@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import queue
-import signal
 import sys
 from pathlib import Path
 
-from .server import BUILD_DIR, PROJECT_ROOT, ServerError, TritonServer
+from .server import BUILD_DIR, PROJECT_ROOT, RESTRICTED_APIS, ServerError, TritonServer
 
 DEFAULT_MODEL_DIR = BUILD_DIR / "models" / "tiny-llama"
 
@@ -27,8 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:]
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
-    args = parser.parse_args(argv)
-    args.raw_argv = argv
+    ours, extra = argv, []
+    if argv[:1] == ["serve"] and "--" in argv:  # serve: what follows `--` goes to tritonserver as it is
+        ours, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    args = parser.parse_args(ours)
+    args.raw_argv, args.triton_args = argv, extra
     try:
         return args.run(args)
     except ServerError as exc:
@@ -37,33 +40,66 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _add_serve(p: argparse.ArgumentParser) -> None:
+    p.usage = "inflight serve [options] [-- TRITONSERVER_OPTION ...]"
     p.add_argument("--model-repository", default=str(PROJECT_ROOT / "model_repository"))
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default loopback; 0.0.0.0 in a container)")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--restricted-api", default=",".join(RESTRICTED_APIS),
+                   help="Triton API groups that need the admin key header ('none': none; default: %(default)s)")
+    p.add_argument("--admin-key", default=os.environ.get("INFLIGHT_ADMIN_KEY"),
+                   help="value of the 'inflight-admin-key' header the restricted APIs require (default: "
+                        "$INFLIGHT_ADMIN_KEY, else the key in build/triton/admin-key, mode 0600, made at random the first time)")
+    p.add_argument("--max-restarts", type=int, default=5,
+                   help="restarts after a model stub dies, within 10 minutes, before exiting with 1")
+    p.add_argument("--stop-timeout", type=float, default=15.0,
+                   help="on SIGTERM: seconds tritonserver has to exit once every stream has ended (default 15)")
     p.set_defaults(run=_serve)
 
 
 def _serve(args) -> int:
     from .repository import check_repository
+    from .supervisor import log, run_supervised
 
     problems = check_repository(args.model_repository)
     if problems:
         raise ServerError("cannot serve " + args.model_repository + ":\n  " + "\n  ".join(problems))
-    server = TritonServer(args.model_repository, args.http_port, args.grpc_port, args.metrics_port,
-                          verbose=args.log_verbose)
-    print(f"inflight: starting tritonserver with {server.model_repository}", flush=True)
-    server.start()
-    print(f"inflight: ready. HTTP 127.0.0.1:{args.http_port}, gRPC 127.0.0.1:{args.grpc_port}, "
-          f"metrics 127.0.0.1:{args.metrics_port}\n"
-          f"  try: inflight generate \"Hello\" --url localhost:{args.grpc_port}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: server.process.terminate())  # main thread's wait() returns
-    try:
-        return server.process.wait()
-    except KeyboardInterrupt:
-        server.stop()
-        return 0
+    apis = tuple(a for a in args.restricted_api.split(",") if a and a != "none")
+    key = (args.admin_key or _admin_key_file(BUILD_DIR / "triton" / "admin-key")) if apis else None
+
+    def make_server() -> TritonServer:
+        return TritonServer(args.model_repository, args.http_port, args.grpc_port, args.metrics_port,
+                            verbose=args.log_verbose, host=args.host, extra_args=tuple(args.triton_args),
+                            restricted_apis=apis, admin_key=key)
+
+    def on_ready(server: TritonServer) -> None:
+        where = server.host if ":" not in server.host else f"[{server.host}]"
+        print(f"inflight: ready. HTTP {where}:{server.http_port}, gRPC {where}:{server.grpc_port}, "
+              f"metrics {where}:{server.metrics_port}\n"
+              f"  try: inflight generate \"Hello\" --url localhost:{server.grpc_port}", flush=True)
+
+    log(f"starting tritonserver with {Path(args.model_repository).resolve()}")
+    if apis and not args.admin_key:
+        log(f"restricted APIs ({', '.join(apis)}) need the header 'inflight-admin-key' (gRPC: "
+            f"'triton-grpc-protocol-inflight-admin-key') set to the key in {BUILD_DIR / 'triton' / 'admin-key'}")
+    return run_supervised(make_server, on_ready, args.max_restarts, args.stop_timeout)
+
+
+def _admin_key_file(path: Path) -> str:
+    """The key kept in `path` (readable by this user only), created with a random key the first time."""
+    import secrets
+
+    if path.exists():
+        return path.read_text().strip()
+    key = secrets.token_hex(16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
 
 
 def _add_generate(p: argparse.ArgumentParser) -> None:

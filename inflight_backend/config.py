@@ -40,6 +40,8 @@ class EngineConfig:
     max_queue_size: int = 0  # waiting requests beyond this get "queue full" at once; 0: unlimited
     priority_aging_s: float = 10.0  # waiting requests gain one priority level per this many seconds
     default_max_tokens: int = 64  # when a request gives no max_tokens
+    max_prompt_bytes: int = 0  # text_input larger than this is refused before tokenizing; 0: 32 x model context
+    max_prompt_tokens: int = 0  # 0: the model's context - 1
     seed: int = 0  # engine-wide seed for sampled requests that give none
 
     def __post_init__(self) -> None:
@@ -59,6 +61,8 @@ class EngineConfig:
                f"max_num_tokens ({self.max_num_tokens}) must be >= max_batch_size ({self.max_batch_size})")
         _check(self.max_chunk_tokens >= 0, f"max_chunk_tokens must be >= 0, got {self.max_chunk_tokens}")
         _check(self.default_max_tokens >= 1, "default_max_tokens must be >= 1")
+        _check(self.max_prompt_bytes >= 0, "max_prompt_bytes must be >= 0")
+        _check(self.max_prompt_tokens >= 0, "max_prompt_tokens must be >= 0")
         _check(self.batching_policy in BATCHING_POLICIES,
                f"batching_policy must be one of {BATCHING_POLICIES}, got {self.batching_policy!r}")
         _check(self.capacity_policy in CAPACITY_POLICIES,

@@ -14,14 +14,11 @@ from .checkpoint import load_config, load_tokenizer
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer, special_ids
 from .engines.base import ModelRunner
-from .request import Request, RequestStatus, SamplingParams
+from .protocol import PromptLimits
+from .request import Request, RequestError, RequestStatus, SamplingParams  # noqa: F401 (RequestError re-exported)
 from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineStats
-
-
-class RequestError(ValueError):
-    """A request that can never be served; the message goes back to its client."""
 
 
 @dataclass(slots=True)
@@ -51,6 +48,8 @@ class RequestTimes:
     first_scheduled: float | None
     first_token: float | None
     last_token: float | None
+
+_BYTES_PER_TOKEN = 32  # default max_prompt_bytes per token of context: above any real tokenizer's average
 
 
 class InflightEngine:
@@ -85,7 +84,14 @@ class InflightEngine:
         return list(self._requests)
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids
+        """Token ids of `text`. Safe from any thread; encode_batch releases the GIL (encode holds it), so a
+        long prompt being tokenized does not stall the engine and responder threads."""
+        return self.tokenizer.encode_batch([text])[0].ids
+
+    def prompt_limits(self) -> PromptLimits:
+        """What the entry checks before decoding and tokenizing a prompt (parameters, else from the context)."""
+        return PromptLimits(self.config.max_prompt_bytes or _BYTES_PER_TOKEN * self.max_model_len,
+                            self.config.max_prompt_tokens or self.max_model_len - 1)
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError if this request can never be served. Pure: safe from any thread."""
@@ -142,24 +148,45 @@ class InflightEngine:
         scheduled = modelled = time.perf_counter()
         outputs: list[RequestOutput] = []
         if not sched.is_empty:
-            logits = self.runner.execute(sched)
+            try:
+                logits = self.runner.execute(sched)
+            except Exception as exc:  # the model failed: end this step's requests; the waiting ones go on
+                message = f"engine step failed: {type(exc).__name__}: {exc}"
+                return [self.fail(item.request, message) for item in sched.scheduled]
             modelled = time.perf_counter()
             sampled = [item.request for item in sched.scheduled if item.sample]
-            token_ids = self.sampler.sample(logits, [r.req_id for r in sampled], [r.params for r in sampled])
+            token_ids, failed = self.sampler.sample(logits, [r.req_id for r in sampled], [r.params for r in sampled])
             now = time.monotonic()
+            bad = {sampled[row].req_id: why for row, why in failed.items()} if failed else None
             for request in self.scheduler.update(sched, token_ids):
-                outputs.append(self._postprocess(request, now))
+                outputs.append(self._postprocess(request, now) if bad is None or request.req_id not in bad
+                               else self._fail_sampled(request, bad[request.req_id]))
         self.stats.record(sched, self.scheduler, (start, scheduled, modelled, time.perf_counter()))
         return outputs
 
+    def fail(self, request: Request, message: str) -> RequestOutput:
+        """End one request with an error between steps; its blocks are freed."""
+        output = self._finish(request, RequestStatus.FINISHED_ERROR, [], "")
+        output.error = message
+        self.stats.record_queues(self.scheduler)
+        return output
+
     def fail_all(self, message: str) -> list[RequestOutput]:
-        """End every unfinished request with an error (used when a step itself raises)."""
-        outputs = [self._finish(r, RequestStatus.FINISHED_ERROR, [], "") for r in list(self._requests.values())]
-        for out in outputs:
-            out.error = message
-        return outputs
+        """End every unfinished request with an error."""
+        return [self.fail(r, message) for r in list(self._requests.values())]
+
+    def _fail_sampled(self, request: Request, message: str) -> RequestOutput:
+        request.output_ids.pop()  # the placeholder the scheduler appended for the row that could not be sampled
+        return self.fail(request, message)
 
     def _postprocess(self, request: Request, now: float) -> RequestOutput:
+        """The new token's text and whether the request ends; a failure here ends this request alone."""
+        try:
+            return self._advance(request, now)
+        except Exception as exc:
+            return self.fail(request, f"processing the output failed: {type(exc).__name__}: {exc}")
+
+    def _advance(self, request: Request, now: float) -> RequestOutput:
         if request.first_token_time is None:
             request.first_token_time = now
         request.last_token_time = now
@@ -182,7 +209,9 @@ class InflightEngine:
         self.scheduler.finish(request, status)
         self.sampler.forget(request.req_id)
         del self._requests[request.req_id]
-        text += self._detokenizers.pop(request.req_id).flush()
+        detokenizer = self._detokenizers.pop(request.req_id)
+        if status != RequestStatus.FINISHED_ERROR:  # an error's text is not sent (and its detokenizer may be why)
+            text += detokenizer.flush()
         times = RequestTimes(request.arrival_time, request.first_scheduled_time, request.first_token_time,
                              request.last_token_time)
         return RequestOutput(request.req_id, token_ids, text, status.finish_reason, request.num_prompt_tokens,

@@ -1,6 +1,7 @@
 """Triton custom metrics (on the server's metrics port), fed from engine stats snapshots and request outputs."""
 from __future__ import annotations
 
+from .request import REJECTION_REASONS
 from .stats import EngineStats
 
 # Counters mirrored from EngineStats fields: name -> (description, field)
@@ -46,6 +47,9 @@ class TritonMetrics:
                         for state, field in REQUEST_STATES.items()}
         finished = family("inflight_requests_finished_total", "requests ended, by finish reason", counter)
         self._finished = {reason: finished.Metric(labels={**labels, "reason": reason}) for reason in FINISH_REASONS}
+        rejected = family("inflight_requests_rejected_total",
+                          "requests refused before they started, by reason (each also got an error response)", counter)
+        self._rejected = {reason: rejected.Metric(labels={**labels, "reason": reason}) for reason in REJECTION_REASONS}
         phases = family("inflight_step_seconds_total", "time in each phase of the iterations", counter)
         self._phases = {phase: phases.Metric(labels={**labels, "phase": phase}) for phase in (*PHASES, "respond")}
         self._ttft, self._tpot, self._e2e = (
@@ -68,6 +72,10 @@ class TritonMetrics:
             metric.set(getattr(stats, field))
         self._kv_free.set(stats.kv_blocks_total - stats.kv_blocks_used)
         self._last = stats
+
+    def record_rejections(self, counts: dict[str, int]) -> None:
+        for reason, count in counts.items():
+            self._rejected[reason].increment(count)
 
     def observe_first_token(self, seconds_since_arrival: float) -> None:
         self._ttft.observe(seconds_since_arrival)

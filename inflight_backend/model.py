@@ -9,6 +9,7 @@ import itertools
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,14 +17,15 @@ import triton_python_backend_utils as pb_utils
 
 from inflight_backend import protocol
 from inflight_backend.batch_loop import BatchLoop
+from inflight_backend.cancel_watcher import CancelWatcher
 from inflight_backend.config import EngineConfig
-from inflight_backend.engine import InflightEngine, RequestError, RequestOutput, RequestTimes
+from inflight_backend.engine import InflightEngine, RequestOutput, RequestTimes
 from inflight_backend.metrics import TritonMetrics
+from inflight_backend.request import QueueFull, RequestError, ServerStopping
 from inflight_backend.stats import EngineStats
+from inflight_backend.stop_signal import StopSignal
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-_CANCEL_POLL_S = 0.05
-_CANCEL_POLL_BATCH = 8  # streams asked per tick: each open stream at least every ceil(open / 8) ticks
 _METRICS_INTERVAL_S = 0.2  # each metric update is an IPC round trip: publish stats at most this often
 
 
@@ -65,20 +67,24 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         self.config = EngineConfig.from_parameters(params, base_dir=args["model_repository"])
         self.engine = InflightEngine(self.config)
+        self.limits = self.engine.prompt_limits()
         self.metrics = TritonMetrics(pb_utils, args["model_name"])
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._last_poll = 0.0
-        self._poll_cursor = 0
         self._last_publish = 0.0
         self._unpublished: EngineStats | None = None
         self._respond_seconds = 0.0
+        self._rejected: Counter[str] = Counter()  # by reason, since the last publish (execute's thread adds)
+        self._stop_signal = StopSignal.from_environment()
+        self._stopping: str | None = None  # once set: the message every open and new request ends with
         self.loop = BatchLoop(self.engine, self._emit, on_idle=self._on_idle)
+        self._watcher = CancelWatcher(self._open_senders, self.loop.cancel, self._check_stop)
         pb_utils.Logger.log_info(
             f"inflight: model {args['model_name']} ready: {self.config} on {self.config.resolved_device()}, "
             f"{self.engine.blocks.num_blocks} KV blocks of {self.config.block_size} tokens, "
-            f"engine: {self.engine.runner.describe()}")
+            f"engine: {self.engine.runner.describe()}; prompts up to {self.limits.max_bytes} bytes and "
+            f"{self.limits.max_tokens} tokens")
 
     def execute(self, requests):
         for request in requests:
@@ -86,21 +92,28 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        self.loop.stop()
+        """Stop watching, then end every open stream and stop both threads, bounded so that Triton's exit
+        timeout is never reached; no thread touches pb_utils once this returns."""
+        self._watcher.stop()
+        if not self.loop.stop():
+            pb_utils.Logger.log_warn("inflight: the engine thread did not stop in time; its outputs are dropped")
 
     def _enqueue(self, request) -> None:
         arrival = time.monotonic()
         sender = request.get_response_sender()
         try:
+            if self._stopping is not None:
+                raise ServerStopping(self._stopping)
             parsed = protocol.parse_request(lambda name: _input(request, name), self.engine.encode,
-                                            self.config.default_max_tokens)
+                                            self.config.default_max_tokens, self.limits)
             self.engine.validate(parsed.prompt_ids, parsed.params)
             self._check_queue()
-        except RequestError as exc:
-            _send_error(sender, str(exc))
-            return
         except Exception as exc:  # anything unforeseen still ends this request alone, with FINAL
-            _send_error(sender, f"invalid request: {type(exc).__name__}: {exc}")
+            reason = exc.reason if isinstance(exc, RequestError) else "invalid"
+            message = str(exc) if isinstance(exc, RequestError) else f"invalid request: {type(exc).__name__}: {exc}"
+            with self._lock:
+                self._rejected[reason] += 1
+            _send_error(sender, message)
             return
         req_id = str(next(self._ids))
         keep_input = not parsed.stream and not parsed.exclude_input_in_output
@@ -111,14 +124,29 @@ class TritonPythonModel:
                                             parsed.return_perf_metrics, _requested(request))
         self.loop.submit(req_id, parsed.prompt_ids, parsed.params, parsed.priority, arrival)
 
+    def _open_senders(self) -> list[tuple[str, object]]:
+        with self._lock:
+            return [(req_id, stream.sender) for req_id, stream in self._streams.items()]
+
+    def _check_stop(self) -> None:
+        """Watcher thread: once the supervisor asks (or is gone), end every stream and refuse new ones."""
+        if self._stopping is None and self._stop_signal.is_set():
+            self._stopping = "the server is shutting down: request ended early; retry on another instance"
+            pb_utils.Logger.log_info("inflight: stop requested: ending every open stream")
+            self.loop.drain(self._stopping)
+
     def _check_queue(self) -> None:
         limit = self.config.max_queue_size
         if limit and self.loop.queue_depth() >= limit:
-            raise RequestError(f"queue full: {limit} requests are already waiting (max_queue_size); retry later")
+            raise QueueFull(f"queue full: {limit} requests are already waiting (max_queue_size); retry later")
 
     def _emit(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
-        """Responder thread: one response per streamed token; one in all for non-streamed requests."""
+        """Responder thread: one response per streamed token; one in all for non-streamed requests.
+
+        When these outputs end the last open stream, metrics are published before the responses go out, so a
+        client that has its last final response sees every count in /metrics (tests rely on it)."""
         start = time.perf_counter()
+        ready = []
         for out in outputs:
             stream = self._streams.get(out.req_id)
             if stream is None:
@@ -126,21 +154,28 @@ class TritonPythonModel:
             if out.finished:
                 with self._lock:
                     del self._streams[out.req_id]
-            self._deliver(stream, out)
             self._observe(stream, out)
-        self._respond_seconds += time.perf_counter() - start
+            ready.append((stream, out))
         self._unpublished = stats
-        if time.monotonic() - self._last_publish >= _METRICS_INTERVAL_S or not self._streams:
+        if not self._streams:
             self._publish_metrics()
-        self._poll_cancelled()
+        for stream, out in ready:
+            self._deliver(stream, out)
+        self._respond_seconds += time.perf_counter() - start
+        if time.monotonic() - self._last_publish >= _METRICS_INTERVAL_S:
+            self._publish_metrics()
 
     def _on_idle(self) -> None:
-        if self._unpublished is not None:
+        """Responder thread, nothing to send: publish what changed (stats after a failure, rejections)."""
+        if self._unpublished is not None or self._rejected:
             self._publish_metrics()
-        self._poll_cancelled()
 
     def _publish_metrics(self) -> None:
-        self.metrics.update(self._unpublished, self._respond_seconds)
+        with self._lock:
+            rejected, self._rejected = self._rejected, Counter()
+        if self._unpublished is not None:
+            self.metrics.update(self._unpublished, self._respond_seconds)
+        self.metrics.record_rejections(rejected)
         self._unpublished, self._respond_seconds = None, 0.0
         self._last_publish = time.monotonic()
 
@@ -167,25 +202,6 @@ class TritonPythonModel:
             if times is not None and out.num_output_tokens > 1:
                 per_token = (times.last_token - times.first_token) / (out.num_output_tokens - 1)
             self.metrics.observe_finished(out.finish_reason, time.monotonic() - stream.arrival, per_token)
-
-    def _poll_cancelled(self) -> None:
-        """Ask Triton whether clients cancelled, a few streams per tick: every is_cancelled() is an IPC round
-        trip to tritonserver, so a full sweep every tick would cost as much as the responses themselves."""
-        now = time.monotonic()
-        if now - self._last_poll < _CANCEL_POLL_S:
-            return
-        self._last_poll = now
-        with self._lock:
-            open_streams = list(self._streams.items())
-        if not open_streams:
-            return
-        start = self._poll_cursor % len(open_streams)
-        batch = (open_streams[start:] + open_streams[:start])[:_CANCEL_POLL_BATCH]
-        self._poll_cursor = start + len(batch)
-        for req_id, stream in batch:
-            if stream.sender.is_cancelled():
-                self.loop.cancel(req_id)
-
 
 def _input(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)

@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import math
+
 import numpy as np
 
-from .engine import RequestError
-from .request import SamplingParams
+from .request import PromptTooLarge, RequestError, SamplingParams
 
 # name: (triton dtype, dims); every input but the prompt is optional.
 INPUTS = {
@@ -59,6 +60,14 @@ def all_inputs() -> dict[str, tuple[str, list[int]]]:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptLimits:
+    """Checked before a prompt is decoded or tokenized, so an oversized one costs nothing."""
+
+    max_bytes: int  # text_input, UTF-8 bytes
+    max_tokens: int  # input_ids, and text_input once tokenized
+
+
+@dataclass(frozen=True, slots=True)
 class ParsedRequest:
     prompt_ids: list[int]
     prompt_text: str | None
@@ -70,70 +79,80 @@ class ParsedRequest:
 
 
 def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str], list[int]],
-                  default_max_tokens: int) -> ParsedRequest:
+                  default_max_tokens: int, limits: PromptLimits) -> ParsedRequest:
     """Read a request's inputs; raise RequestError with a message for the client on anything invalid."""
 
-    def value(name):
-        array = get(name)
+    def value(name, default, kind):
+        array, given = get(name), name
         if array is None:
             for alias, (target, _) in ALIASES.items():
                 if target == name and (array := get(alias)) is not None:
-                    name = alias
+                    given = alias
                     break
         if array is None:
-            return None
+            return default
         if array.size != 1:
-            raise RequestError(f"input {name!r} must hold exactly one value, got shape {list(array.shape)}")
-        return array.reshape(-1)[0]
+            raise RequestError(f"input {given!r} must hold exactly one value, got shape {list(array.shape)}")
+        return _number(array.reshape(-1)[0], given, kind)
 
-    prompt_ids, prompt_text = _prompt(get, encode)
-    temperature = _number(value("temperature"), 0.0, float)
-    top_k = _number(value("top_k"), 0, int)
-    top_p = _number(value("top_p"), 1.0, float)
+    prompt_ids, prompt_text = _prompt(get, encode, limits)
+    temperature = value("temperature", 0.0, float)
+    top_k = value("top_k", 0, int)
+    top_p = value("top_p", 1.0, float)
     if temperature < 0:
         raise RequestError(f"temperature must be >= 0, got {temperature}")
     if top_k < 0:
         raise RequestError(f"top_k must be >= 0, got {top_k}")
     if not 0.0 < top_p <= 1.0:
         raise RequestError(f"top_p must be in (0, 1], got {top_p}")
-    seed = value("seed")
-    end_id = value("end_id")
     params = SamplingParams(
-        max_tokens=_number(value("max_tokens"), default_max_tokens, int),
+        max_tokens=value("max_tokens", default_max_tokens, int),
         temperature=temperature, top_k=top_k, top_p=top_p,
-        seed=None if seed is None else int(seed),
-        end_id=None if end_id is None else int(end_id),
+        seed=value("seed", None, int),
+        end_id=value("end_id", None, int),
         stop_words=_strings(get("stop_words")),
-        min_tokens=_number(value("min_tokens"), 0, int),
+        min_tokens=value("min_tokens", 0, int),
     )
-    return ParsedRequest(prompt_ids, prompt_text, params, bool(_number(value("stream"), False, bool)),
-                         bool(_number(value("exclude_input_in_output"), False, bool)),
-                         _number(value("priority"), 0, int), bool(_number(value("return_perf_metrics"), False, bool)))
+    return ParsedRequest(prompt_ids, prompt_text, params, value("stream", False, bool),
+                         value("exclude_input_in_output", False, bool), value("priority", 0, int),
+                         value("return_perf_metrics", False, bool))
 
 
-def _prompt(get, encode) -> tuple[list[int], str | None]:
+def _prompt(get, encode, limits: PromptLimits) -> tuple[list[int], str | None]:
     text, ids = get("text_input"), get("input_ids")
     if text is not None and ids is not None:
         raise RequestError("give either text_input or input_ids, not both")
     if ids is not None:
         if ids.dtype.kind not in "iu":
             raise RequestError(f"input_ids must be integers, got {ids.dtype}")
-        return [int(t) for t in ids.reshape(-1)], None
+        _check_tokens(ids.size, limits)
+        return ids.reshape(-1).tolist(), None
     if text is None:
         raise RequestError("missing prompt: give text_input (STRING) or input_ids (INT32)")
     if text.size != 1:
         raise RequestError(f"text_input must hold exactly one string, got shape {list(text.shape)}")
-    prompt = _decode(text.reshape(-1)[0], "text_input")
+    raw = text.reshape(-1)[0]
+    size = len(raw) if isinstance(raw, bytes) else len(str(raw).encode("utf-8", "surrogatepass"))
+    if size > limits.max_bytes:
+        raise PromptTooLarge(f"text_input is {size} bytes; the limit is {limits.max_bytes} (max_prompt_bytes)")
+    prompt = _decode(raw, "text_input")
     if not prompt:
         raise RequestError("empty prompt: text_input is an empty string")
-    return encode(prompt), prompt
+    prompt_ids = encode(prompt)
+    _check_tokens(len(prompt_ids), limits)
+    return prompt_ids, prompt
 
 
-def _number(raw, default, kind):
-    if raw is None:
-        return default
+def _check_tokens(n: int, limits: PromptLimits) -> None:
+    if n > limits.max_tokens:
+        raise PromptTooLarge(f"the prompt is {n} tokens; the limit is {limits.max_tokens} (max_prompt_tokens)")
+
+
+def _number(raw, name: str, kind):
     if isinstance(raw, (bytes, str)):
-        raise RequestError(f"expected a number, got the string {raw!r}")
+        raise RequestError(f"input {name!r}: expected a number, got the string {raw!r}")
+    if kind is float and not math.isfinite(raw):
+        raise RequestError(f"input {name!r} must be a finite number, got {raw}")
     return kind(raw)
 
 

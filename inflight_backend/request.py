@@ -6,9 +6,35 @@ import time
 from dataclasses import dataclass, field
 
 
+class RequestError(ValueError):
+    """A request that can never be served; the message goes back to its client. `reason` labels the
+    rejection in `inflight_requests_rejected_total`."""
+
+    reason = "invalid"
+
+
+class PromptTooLarge(RequestError):
+    reason = "too_large"
+
+
+class QueueFull(RequestError):
+    reason = "queue_full"
+
+
+class ServerStopping(RequestError):
+    reason = "stopping"
+
+
+REJECTION_REASONS = ("invalid", "too_large", "queue_full", "stopping")
+
+
+GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to pick the next token and when to stop. temperature == 0 means greedy."""
+    """How to pick the next token and when to stop. A temperature below GREEDY_TEMPERATURE (0 included) is greedy:
+    the limit of sampling as the temperature falls, and the division it would take cannot overflow."""
 
     max_tokens: int
     temperature: float = 0.0
@@ -21,7 +47,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
 
 class RequestStatus(enum.IntEnum):

@@ -1,4 +1,8 @@
-"""Turns each sampled row of logits into one token: greedy, or temperature / top-k / top-p with a seed."""
+"""Turns each sampled row of logits into one token: greedy, or temperature / top-k / top-p with a seed.
+
+A row that cannot be sampled (non-finite logits, no probability mass left) never fails the batch: `sample`
+reports it, and the engine ends that request alone with the message.
+"""
 from __future__ import annotations
 
 import torch
@@ -12,16 +16,28 @@ class Sampler:
         self._generators: dict[str, torch.Generator] = {}
         self._ops = cpu_ops.load_library()  # greedy rows of CPU logits: the native argmax (torch's is 10x slower)
 
-    def sample(self, logits: torch.Tensor, req_ids: list[str], params: list[SamplingParams]) -> list[int]:
-        """logits: (N, vocab) fp32, one row per request in `req_ids` order."""
+    def sample(self, logits: torch.Tensor, req_ids: list[str], params: list[SamplingParams]
+               ) -> tuple[list[int], dict[int, str]]:
+        """logits: (N, vocab) fp32, one row per request in `req_ids` order.
+
+        Returns one token per row and {row: why} for the rows that could not be sampled (their token is -1)."""
         if self._ops is not None and cpu_ops.usable(logits):
             tokens = cpu_ops.argmax_rows(self._ops, logits)
         else:
             tokens = logits.argmax(dim=-1).tolist()
+        failed: dict[int, str] = {}
+        rows = torch.arange(len(tokens), device=logits.device)
+        chosen = logits[rows, torch.tensor(tokens, dtype=torch.int64, device=logits.device)]
+        if not bool(torch.isfinite(chosen).all()):  # O(rows): argmax picks a NaN or inf wherever one decides
+            for row in torch.nonzero(~torch.isfinite(chosen)).flatten().tolist():
+                failed[row], tokens[row] = "the model produced non-finite logits for this request", -1
         for row, (req_id, p) in enumerate(zip(req_ids, params)):
-            if not p.greedy:
-                tokens[row] = self._sample_row(logits[row], req_id, p)
-        return tokens
+            if not p.greedy and row not in failed:
+                try:
+                    tokens[row] = self._sample_row(logits[row], req_id, p)
+                except (RuntimeError, ValueError) as exc:  # one row's failure ends that request only
+                    failed[row], tokens[row] = f"sampling failed: {exc}", -1
+        return tokens, failed
 
     def forget(self, req_id: str) -> None:
         self._generators.pop(req_id, None)
@@ -31,8 +47,15 @@ class Sampler:
         if gen is None:
             gen = self._generators[req_id] = torch.Generator(device=logits.device)
             gen.manual_seed(p.seed if p.seed is not None else torch.seed())
-        probs = filter_probs(logits / p.temperature, p.top_k, p.top_p)
+        probs = filter_probs(scale(logits, p.temperature), p.top_k, p.top_p)
         return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(logits - max) / temperature in float64: the best token stays at 0, so however small the temperature
+    (down to the 1e-5 below which a request is greedy), the rest only underflow towards -inf, never NaN."""
+    shifted = logits.double() - logits.max().double()
+    return shifted / temperature
 
 
 def filter_probs(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -81,3 +81,43 @@ def test_stats_reflect_a_cancellation_between_steps(tiny_model):
     assert engine.stats.kv_blocks_used > 0 and engine.stats.num_running == 1
     engine.abort("a")
     assert engine.stats.kv_blocks_used == 0 and engine.stats.num_running == 0
+
+
+def test_drain_ends_every_open_request_with_its_message_and_refuses_new_ones(tiny_model):
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256))
+    sink = Collector(expected=4)
+    loop = BatchLoop(engine, sink.emit)
+    for i in range(3):
+        loop.submit(str(i), [256, 70 + i], SamplingParams(max_tokens=2000, min_tokens=2000))
+    assert sink.first_token.wait(60)
+    loop.drain("stopping now")
+    loop.submit("late", [256, 90], SamplingParams(max_tokens=3))
+    assert sink.all_final.wait(60)
+    assert loop.stop()
+    assert sink.final == {k: "error" for k in ("0", "1", "2", "late")}
+    assert set(sink.errors.values()) == {"stopping now"}
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_stop_is_bounded_and_nothing_is_emitted_after_it(tiny_model):
+    """A step that never returns (a hung model) cannot hold finalize() past Triton's exit timeout."""
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=64))
+    release, entered = threading.Event(), threading.Event()
+    execute = engine.runner.execute
+
+    def hangs(sched):
+        entered.set()
+        release.wait(60)
+        return execute(sched)
+
+    engine.runner.execute = hangs
+    sink = Collector(expected=1)
+    loop = BatchLoop(engine, sink.emit)
+    loop.submit("a", [256, 65], SamplingParams(max_tokens=5))
+    assert entered.wait(60)
+    assert loop.stop(timeout=0.2) is False  # the engine thread is still in its step
+    emitted = len(sink.tokens)
+    release.set()
+    for thread in loop._threads:
+        thread.join(60)
+    assert len(sink.tokens) == emitted == 0  # the step's outputs and the cancellation were dropped, not sent

@@ -1,13 +1,16 @@
 import numpy as np
 import pytest
 
-from inflight_backend.engine import RequestError
-from inflight_backend.protocol import parse_request
+from inflight_backend.protocol import PromptLimits, parse_request
+from inflight_backend.request import RequestError
+
+LIMITS = PromptLimits(max_bytes=100, max_tokens=50)
 
 
-def parse(**inputs):
+def parse(encode=None, **inputs):
     arrays = {k: (v if isinstance(v, np.ndarray) else np.array([v])) for k, v in inputs.items()}
-    return parse_request(arrays.get, lambda text: [256] + list(text.encode()), default_max_tokens=16)
+    return parse_request(arrays.get, encode or (lambda text: [256] + list(text.encode())), default_max_tokens=16,
+                         limits=LIMITS)
 
 
 def test_defaults_are_greedy_non_streaming():
@@ -41,7 +44,31 @@ def test_stop_words_are_read_as_strings():
     ({"text_input": np.array([b"a"], dtype=object), "max_tokens": np.array([1, 2])}, "exactly one value"),
     ({"input_ids": np.array([1.5])}, "integers"),
     ({"text_input": np.array([b"\xff"], dtype=object)}, "UTF-8"),
+    ({"text_input": np.array([b"a"], dtype=object), "temperature": np.array([np.nan], dtype=np.float32)},
+     "'temperature' must be a finite number"),
+    ({"text_input": np.array([b"a"], dtype=object), "temperature": np.array([np.inf], dtype=np.float32)},
+     "'temperature' must be a finite number"),
+    ({"text_input": np.array([b"a"], dtype=object), "runtime_top_p": np.array([np.nan], dtype=np.float32)},
+     "'runtime_top_p' must be a finite number"),
+    ({"text_input": np.array([b"a"], dtype=object), "max_tokens": np.array([b"3"], dtype=object)}, "'max_tokens'"),
+    ({"text_input": np.array([b"x" * 101], dtype=object)}, r"101 bytes; the limit is 100 \(max_prompt_bytes\)"),
+    ({"text_input": np.array([b"x" * 60], dtype=object)}, r"61 tokens; the limit is 50 \(max_prompt_tokens\)"),
+    ({"input_ids": np.arange(51, dtype=np.int32)}, r"51 tokens; the limit is 50"),
 ])
 def test_bad_inputs_raise_a_clear_error(inputs, message):
     with pytest.raises(RequestError, match=message):
         parse(**inputs)
+
+
+def test_an_oversized_prompt_is_refused_before_it_is_tokenized():
+    calls = []
+    with pytest.raises(RequestError, match="max_prompt_bytes"):
+        parse(encode=calls.append, text_input=np.array(["é" * 51], dtype=object))  # 102 UTF-8 bytes
+    assert calls == []
+    assert parse(text_input=np.array(["é" * 24], dtype=object)).prompt_ids[1:3] == list("é".encode())
+
+
+def test_subnormal_and_tiny_temperatures_are_accepted_and_greedy():
+    for t in (1e-45, 1e-40, 1e-6):
+        p = parse(text_input=np.array([b"a"], dtype=object), temperature=np.array([t], dtype=np.float32))
+        assert p.params.greedy

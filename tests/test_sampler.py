@@ -1,3 +1,6 @@
+import math
+
+import pytest
 import torch
 
 from inflight_backend.request import SamplingParams
@@ -17,7 +20,45 @@ def test_seeded_sampling_is_reproducible_and_greedy_is_argmax():
     params = [SamplingParams(8, temperature=1.0, seed=11), SamplingParams(8), SamplingParams(8, temperature=2.0,
                                                                                             seed=5)]
     first = [Sampler().sample(logits, ["a", "b", "c"], params) for _ in range(2)]
-    assert first[0] == first[1]
-    assert first[0][1] == int(logits[1].argmax())
-    draws = {tuple(Sampler().sample(logits, ["a"], [SamplingParams(8, temperature=5.0, seed=s)])) for s in range(20)}
+    assert first[0] == first[1] and first[0][1] == {}
+    assert first[0][0][1] == int(logits[1].argmax())
+    draws = {tuple(Sampler().sample(logits, ["a"], [SamplingParams(8, temperature=5.0, seed=s)])[0])
+             for s in range(20)}
     assert len(draws) > 1  # different seeds give different tokens
+
+
+@pytest.mark.parametrize("temperature", [1e-5, 1.5e-5, 1e-3])
+def test_small_temperatures_sample_the_best_token_without_failing(temperature):
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(1)) * 30
+    params = [SamplingParams(8, temperature=temperature, seed=i) for i in range(4)]
+    tokens, failed = Sampler().sample(logits, list("abcd"), params)
+    assert failed == {} and tokens == logits.argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-6, 1e-40, 1e-45])
+def test_temperatures_below_the_greedy_bound_are_greedy(temperature):
+    assert SamplingParams(8, temperature=temperature).greedy
+    assert not SamplingParams(8, temperature=1e-5).greedy
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_row_that_cannot_be_sampled_fails_alone(bad, greedy):
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    logits[1, 7] = bad
+    params = [SamplingParams(8, temperature=0.0 if greedy else 0.7, seed=3) for _ in range(3)]
+    tokens, failed = Sampler().sample(logits, list("abc"), params)
+    if bad == -math.inf and greedy:  # a -inf logit is never chosen: the row is still well defined
+        assert failed == {} and tokens[1] == int(logits[1].argmax())
+        return
+    if bad == -math.inf:  # sampling: a -inf logit has probability 0, the row samples normally
+        assert failed == {} and tokens[1] != 7
+        return
+    assert set(failed) == {1} and tokens[1] == -1 and "non-finite" in failed[1]
+    assert min(tokens[0], tokens[2]) >= 0
+    if greedy:
+        assert [tokens[0], tokens[2]] == [int(logits[0].argmax()), int(logits[2].argmax())]
+
+
+def test_a_step_that_samples_no_row_returns_nothing():
+    assert Sampler().sample(torch.empty(0, 50), [], []) == ([], {})

@@ -66,7 +66,7 @@ def test_cancelled_streams_stop_early_and_all_blocks_come_back(server):
                            reason="cancelled") == cancelled_before + 3
     assert metric(port, "inflight_requests_finished_total", model, reason="length") == length_before + 3
     assert wait_for_metric(port, "inflight_kv_blocks_used", model, 0) == 0
-    assert metric(port, "inflight_requests", model, state="running") == 0
+    assert wait_for_metric(port, "inflight_requests", model, 0, state="running") == 0
     generated = metric(port, "inflight_generated_tokens_total", model) - generated_before
     assert generated < 3 * 40 + 3 * 100, "cancelled requests kept generating"  # each would run to 1500
     assert grpc_generate(url(server), model, OK).error is None

@@ -59,27 +59,16 @@ def run_concurrently(server, model, cases):
 @pytest.mark.parametrize("model", ["static", "prefill_first", "fused_chunked", "max_utilization"])
 def test_every_policy_gives_the_transformers_tokens(policy_server, expected, oracle_cases, model):
     port = policy_server.metrics_port
-    samples, done = [], threading.Event()
-
-    def watch():  # what /metrics shows while the load runs
-        while not done.is_set():
-            samples.append(metrics(port))
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
     results = run_concurrently(policy_server, model, oracle_cases)
-    done.set()
-    watcher.join()
     assert [r.error for r in results] == [None] * len(results)
     assert [r.ids for r in results] == expected
-    during = [s for s in samples if s.get(("inflight_requests", frozenset({"model": model, "state": "running"}.items())))]
-    assert during, "no sample saw a running request"
-    assert max(s[("inflight_kv_blocks_used", frozenset({"model": model}.items()))] for s in during) > 0
+    # Each wait is bounded and ends as soon as the value is reached: the final publish reaches all of them, and
+    # no earlier one can make them fail.
+    generated = sum(len(e) for e in expected)
+    assert wait_for_metric(port, "inflight_generated_tokens_total", model, generated) == generated
+    for state in ("running", "waiting"):
+        assert wait_for_metric(port, "inflight_requests", model, 0, state=state) == 0
     assert wait_for_metric(port, "inflight_kv_blocks_used", model, 0) == 0
-    assert metric(port, "inflight_requests", model, state="running") == 0
-    assert metric(port, "inflight_requests", model, state="waiting") == 0
-    assert metric(port, "inflight_generated_tokens_total", model) == sum(len(e) for e in expected)
     finished = sum(metric(port, "inflight_requests_finished_total", model, reason=r) for r in ("stop", "length"))
     assert finished == len(oracle_cases)
     assert metric(port, "inflight_e2e_request_latency_seconds_count", model) == len(oracle_cases)
@@ -89,6 +78,30 @@ def test_every_policy_gives_the_transformers_tokens(policy_server, expected, ora
     assert metric(port, "inflight_time_per_output_token_seconds_sum", model) > 0
     if model != "max_utilization":  # whether the oracle cases overlap enough to preempt depends on timing
         assert metric(port, "inflight_preemptions_total", model) == 0
+
+
+@pytest.mark.parametrize("model", ["static", "prefill_first", "fused_chunked"])
+def test_metrics_show_a_request_while_it_runs(policy_server, model):
+    """No race with the metrics publisher: the request runs (up to 2000 tokens) until the test has seen it in
+    /metrics, and only then is cancelled."""
+    url, port = f"127.0.0.1:{policy_server.grpc_port}", policy_server.metrics_port
+    first_token, seen, result = threading.Event(), threading.Event(), {}
+    client = threading.Thread(target=lambda: result.setdefault("out", grpc_generate(
+        url, model, {"text_input": "hold", "max_tokens": 2000, "min_tokens": 2000, "stream": True},
+        on_token=lambda out: first_token.set(), cancel_event=seen)))
+    client.start()
+    assert first_token.wait(60)
+    running = frozenset({"model": model, "state": "running"}.items())
+    deadline = time.monotonic() + 60
+    while not (sample := metrics(port)).get(("inflight_requests", running)):
+        assert time.monotonic() < deadline, "the running request never showed in /metrics"
+        time.sleep(0.02)
+    seen.set()
+    client.join()
+    assert sample[("inflight_kv_blocks_used", frozenset({"model": model}.items()))] > 0
+    assert len(result["out"].ids) < 2000
+    assert wait_for_metric(port, "inflight_requests", model, 0, state="running") == 0
+    assert wait_for_metric(port, "inflight_kv_blocks_used", model, 0) == 0
 
 
 def test_max_utilization_preempts_and_recomputes_to_the_same_tokens(policy_server):
@@ -163,8 +176,11 @@ def test_queue_full_and_never_fitting_requests_get_errors(policy_server):
     while metric(policy_server.metrics_port, "inflight_requests", "queue", state="waiting") < 2:
         assert time.monotonic() < deadline, "b and c never queued"
         time.sleep(0.02)
+    rejections = metric(policy_server.metrics_port, "inflight_requests_rejected_total", "queue", reason="queue_full")
     rejected = grpc_generate(url, "queue", {"text_input": "d", "max_tokens": 2, "stream": True})
     assert rejected.error is not None and "queue full" in rejected.error
+    assert wait_for_metric(policy_server.metrics_port, "inflight_requests_rejected_total", "queue", rejections + 1,
+                           reason="queue_full") == rejections + 1
     never_fits = grpc_generate(url, "max_utilization", {"input_ids": [1] * 400, "max_tokens": 100})
     assert never_fits.error is not None and "KV blocks" in never_fits.error
     release.set()  # cancel "a": "b" and "c" run

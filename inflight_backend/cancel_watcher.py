@@ -1,0 +1,51 @@
+"""Noticing, off the hot path, that a client has gone (and, each tick, whether the server is stopping).
+
+Triton pushes no cancellation: each `is_cancelled()` is an IPC round trip to tritonserver (python_backend
+releases the GIL while it waits, and the answer stays true once true). One thread asks about every open stream
+each tick, so a cancelled or disconnected client is seen within a tick and its request ends at the next step
+boundary; the responder thread never waits on these round trips.
+"""
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import Callable
+
+TICK_S = 0.05
+
+Senders = Callable[[], "list[tuple[str, object]]"]
+
+
+class CancelWatcher:
+    """Every `tick` seconds: `on_tick()`, then `cancel(req_id)` once for each open stream whose sender says
+    `is_cancelled()`. `open_senders()` returns (req_id, response sender) pairs."""
+
+    def __init__(self, open_senders: Senders, cancel: Callable[[str], None], on_tick: Callable[[], None],
+                 tick: float = TICK_S) -> None:
+        self._open_senders, self._cancel, self._on_tick, self._tick = open_senders, cancel, on_tick, tick
+        self._cancelled: set[str] = set()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="inflight-cancel-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._tick):
+            try:
+                self._on_tick()
+                self._sweep()
+            except Exception:  # a failed tick must not end the watching
+                traceback.print_exc()
+
+    def _sweep(self) -> None:
+        open_streams = self._open_senders()
+        self._cancelled.intersection_update(req_id for req_id, _ in open_streams)
+        for req_id, sender in open_streams:
+            if self._stopped.is_set():
+                return
+            if req_id not in self._cancelled and sender.is_cancelled():
+                self._cancelled.add(req_id)
+                self._cancel(req_id)

@@ -1,0 +1,62 @@
+"""The thread that asks Triton about cancelled clients, and the stop signal from `inflight serve`."""
+import os
+import subprocess
+import sys
+import threading
+
+from inflight_backend.cancel_watcher import CancelWatcher
+from inflight_backend.stop_signal import StopSignal
+
+
+class Sender:
+    def __init__(self, cancelled: bool) -> None:
+        self.cancelled, self.asked = cancelled, 0
+
+    def is_cancelled(self) -> bool:
+        self.asked += 1
+        return self.cancelled
+
+
+def test_every_open_stream_is_asked_each_tick_and_cancelled_once():
+    senders = {str(i): Sender(cancelled=i % 3 == 0) for i in range(64)}
+    cancelled, ticks, swept = [], [], threading.Event()
+
+    def open_senders():
+        if len(ticks) >= 3:
+            swept.set()
+        return list(senders.items())
+
+    watcher = CancelWatcher(open_senders, cancelled.append, lambda: ticks.append(1), tick=0.001)
+    assert swept.wait(30)
+    watcher.stop()
+    assert sorted(cancelled, key=int) == [str(i) for i in range(0, 64, 3)]  # each once, though asked every tick
+    assert all(s.asked >= 3 for s in senders.values() if not s.cancelled)
+
+
+def test_a_failing_sender_does_not_stop_the_watching():
+    class Broken(Sender):
+        def is_cancelled(self):
+            raise RuntimeError("Cannot communicate with parent service")
+
+    calls, done = [], threading.Event()
+
+    def open_senders():
+        calls.append(1)
+        if len(calls) > 3:
+            done.set()
+        return [("a", Broken(False))]
+
+    watcher = CancelWatcher(open_senders, lambda req_id: None, lambda: None, tick=0.001)
+    assert done.wait(30)
+    watcher.stop()
+
+
+def test_the_stop_signal_is_a_file_or_the_supervisor_gone(tmp_path):
+    assert not StopSignal().is_set()
+    signal = StopSignal(str(tmp_path / "stop"), os.getpid())
+    assert not signal.is_set()
+    (tmp_path / "stop").touch()
+    assert signal.is_set()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert StopSignal(None, gone.pid).is_set()

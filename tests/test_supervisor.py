@@ -1,0 +1,180 @@
+"""`inflight serve` as a user runs it: it refuses a taken port, restarts tritonserver when a model's stub dies
+(open streams get an error), and on SIGTERM ends every open stream and exits 0."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port, model_config, write_repository
+from tests.test_server_faults import KILLED_CLIENT
+from tests.triton_helpers import grpc_generate, metric
+
+pytestmark = pytest.mark.server
+ROOT = Path(__file__).resolve().parent.parent
+INFLIGHT = [sys.executable, "-m", "inflight_backend.cli"]
+CRASH_MARKS = ("malloc", "Segmentation", "SIGSEGV", "SIGABRT", "core dumped", "Aborted")
+
+
+class Served:
+    """`inflight serve` in a subprocess on free loopback ports; its output goes to `log`."""
+
+    def __init__(self, repo: Path, log: Path, *extra: str) -> None:
+        self.ports = [free_port() for _ in range(3)]
+        self.log = log
+        self.process = subprocess.Popen(
+            INFLIGHT + ["serve", "--model-repository", str(repo), "--http-port", str(self.ports[0]), "--grpc-port",
+                        str(self.ports[1]), "--metrics-port", str(self.ports[2]), *extra],
+            stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.ports[1]}"
+
+    def wait_ready(self, times: int = 1, timeout: float = 180.0) -> None:
+        """Until the log says ready `times` times (each start says it once)."""
+        deadline = time.monotonic() + timeout
+        while self.log.read_text(errors="replace").count("inflight: ready.") < times:
+            assert self.process.poll() is None, self.log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "not ready in time"
+            time.sleep(0.2)
+
+    def stubs(self) -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"triton_python_backend_stub" in cmdline and f"inflight_{self.process.pid}_".encode() in cmdline:
+                    found.append(int(pid))
+            except OSError:
+                pass
+        return found
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, tiny_model):
+    return write_repository(tmp_path_factory.mktemp("serve-repo"), {"llm": model_config(tiny_model, "llm")})
+
+
+def open_streams(url, n, results, first_tokens):
+    def send(i):
+        results[i] = grpc_generate(url, "llm", {"text_input": f"open {i}", "max_tokens": 1900, "min_tokens": 1900,
+                                                "stream": True}, on_token=lambda out: first_tokens.release(),
+                                   timeout=120)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_a_taken_port_is_refused_with_a_clear_error(repo, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(INFLIGHT + ["serve", "--model-repository", str(repo), "--http-port", str(free_port()),
+                                          "--grpc-port", str(port), "--metrics-port", str(free_port())],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode != 0
+    assert f"port {port} on 127.0.0.1 is already in use" in done.stderr
+    assert "ready" not in done.stdout
+
+
+def test_a_dead_stub_ends_its_streams_with_an_error_and_service_resumes(repo, tmp_path):
+    served = Served(repo, tmp_path / "serve.log")
+    try:
+        served.wait_ready()
+        results, first_tokens = [None] * 8, threading.Semaphore(0)
+        threads = open_streams(served.url, 8, results, first_tokens)
+        for _ in range(8):  # each stream has a token: the streams are open
+            assert first_tokens.acquire(timeout=120)
+        (stub,) = served.stubs()
+        os.kill(stub, signal.SIGKILL)
+        for t in threads:
+            t.join()
+        assert all(r.error is not None and len(r.ids) < 1900 for r in results), [r.error for r in results]
+        served.wait_ready(times=2)
+        after = grpc_generate(served.url, "llm", {"text_input": "again", "max_tokens": 4, "stream": True})
+        assert after.error is None and len(after.ids) == 4
+        log = served.log.read_text(errors="replace")  # tritonserver sometimes aborts first (a lock the stub held)
+        assert f"model stub process [{stub}] died" in log or "tritonserver exited on its own" in log
+        assert "restarting tritonserver" in log
+    finally:
+        served.close()
+    assert served.process.returncode == 0
+
+
+def test_sigterm_with_64_open_streams_ends_every_stream_and_exits_0(repo, tmp_path):
+    """60 streams from clients that close them after their final response, 4 from a client that keeps its
+    streams open (Triton would wait for those forever): every stream ends, `inflight serve` exits 0."""
+    served = Served(repo, tmp_path / "serve.log", "--stop-timeout", "5")
+    idle = None
+    try:
+        served.wait_ready()
+        idle = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, served.url, "4"], stdout=subprocess.PIPE,
+                                cwd=ROOT)
+        results, first_tokens = [None] * 60, threading.Semaphore(0)
+        threads = open_streams(served.url, 60, results, first_tokens)
+        assert first_tokens.acquire(timeout=120)
+        deadline = time.monotonic() + 120
+        while sum(metric(served.ports[2], "inflight_requests", "llm", state=s) for s in ("running", "waiting")) < 64:
+            assert time.monotonic() < deadline, "the 64 requests never all arrived"  # they run 1900 tokens each
+            time.sleep(0.1)
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(60) == 0  # 60 s only guards against a hang
+        for t in threads:
+            t.join()
+        idle.kill()  # the server is gone: everything it was sent is in its output
+        idle_lines = idle.stdout.read().split()
+    finally:
+        served.close()
+        if idle is not None:
+            idle.kill()
+    assert all(r.final for r in results)  # a final response or an error: no stream is left hanging
+    stopped = [r for r in results if r.error is not None]
+    assert stopped and all("shutting down" in r.error for r in stopped), {r.error for r in stopped}
+    assert idle_lines.count(b"stopping") == 4 and b"final" not in idle_lines  # then their connection closes
+    log = served.log.read_text(errors="replace")
+    assert not [mark for mark in CRASH_MARKS if mark in log], log[-3000:]
+    assert "every stream ended" in log or "tritonserver stopped (exit code 0)" in log
+    assert not served.stubs()
+    assert not list(Path("/dev/shm").glob(f"inflight_{served.process.pid}_*"))
+
+
+def test_the_server_files_and_admin_apis_are_private(repo, tmp_path):
+    served = Served(repo, tmp_path / "serve.log", "--admin-key", "s3cret")
+    try:
+        served.wait_ready()
+        regions = list(Path("/dev/shm").glob(f"inflight_{served.process.pid}_*"))
+        assert regions and all(p.stat().st_mode & 0o077 == 0 for p in regions)
+        config = f"http://127.0.0.1:{served.ports[0]}/v2/models/llm/config"
+        with pytest.raises(urllib.error.HTTPError, match="403"):
+            urllib.request.urlopen(config, timeout=10)
+        with urllib.request.urlopen(urllib.request.Request(config, headers={"inflight-admin-key": "s3cret"}),
+                                    timeout=10) as response:
+            assert response.status == 200
+        for path in ("/v2/logging", "/v2/trace/setting", "/v2/systemsharedmemory/status", "/v2/repository/index"):
+            request = urllib.request.Request(f"http://127.0.0.1:{served.ports[0]}{path}", method="POST" if
+                                             "repository" in path else "GET", data=b"{}" if "repository" in path
+                                             else None)
+            with pytest.raises(urllib.error.HTTPError, match="403"):
+                urllib.request.urlopen(request, timeout=10)
+        assert grpc_generate(served.url, "llm", {"text_input": "hi", "max_tokens": 2}).error is None
+    finally:
+        served.close()
