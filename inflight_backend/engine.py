@@ -15,7 +15,7 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer, special_ids
 from .engines.base import ModelRunner
 from .protocol import PromptLimits
-from .request import Request, RequestError, RequestStatus, SamplingParams  # noqa: F401 (RequestError re-exported)
+from .request import PromptTooLarge, Request, RequestError, RequestStatus, SamplingParams  # noqa: F401 (RequestError re-exported)
 from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineStats
@@ -48,6 +48,7 @@ class RequestTimes:
     first_scheduled: float | None
     first_token: float | None
     last_token: float | None
+    finished: float | None = None  # when the engine ended it (a cancellation's end, for one)
 
 _BYTES_PER_TOKEN = 32  # default max_prompt_bytes per token of context: above any real tokenizer's average
 
@@ -85,8 +86,14 @@ class InflightEngine:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`. Safe from any thread; encode_batch releases the GIL (encode holds it), so a
-        long prompt being tokenized does not stall the engine and responder threads."""
-        return self.tokenizer.encode_batch([text])[0].ids
+        long prompt being tokenized does not stall the engine and responder threads. A prompt over
+        max_prompt_tokens is refused before its ids become a Python list (millions of objects, built and later
+        freed under the GIL)."""
+        encoding = self.tokenizer.encode_batch([text])[0]
+        limit = self.prompt_limits().max_tokens
+        if len(encoding) > limit:
+            raise PromptTooLarge(f"the prompt is {len(encoding)} tokens; the limit is {limit} (max_prompt_tokens)")
+        return encoding.ids
 
     def prompt_limits(self) -> PromptLimits:
         """What the entry checks before decoding and tokenizing a prompt (parameters, else from the context)."""
@@ -213,7 +220,7 @@ class InflightEngine:
         if status != RequestStatus.FINISHED_ERROR:  # an error's text is not sent (and its detokenizer may be why)
             text += detokenizer.flush()
         times = RequestTimes(request.arrival_time, request.first_scheduled_time, request.first_token_time,
-                             request.last_token_time)
+                             request.last_token_time, time.monotonic())
         return RequestOutput(request.req_id, token_ids, text, status.finish_reason, request.num_prompt_tokens,
                              len(request.output_ids), token_time=request.last_token_time or 0.0, times=times)
 

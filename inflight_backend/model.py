@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import sys
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -26,6 +30,7 @@ from inflight_backend.stats import EngineStats
 from inflight_backend.stop_signal import StopSignal
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_TRACE_CANCELS = os.environ.get("INFLIGHT_TRACE_CANCELS") == "1"  # one stderr line per cancelled request
 _METRICS_INTERVAL_S = 0.2  # each metric update is an IPC round trip: publish stats at most this often
 
 
@@ -43,6 +48,7 @@ class _Stream:
     texts: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     first_token_seen: bool = False
+    closed: bool = False  # its FINAL is about to go or went: never ask is_cancelled() again (see _asks_cancelled)
 
 
 class TritonPythonModel:
@@ -71,6 +77,7 @@ class TritonPythonModel:
         self.metrics = TritonMetrics(pb_utils, args["model_name"])
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
+        self._final_lock = threading.Lock()  # between a FINAL and an is_cancelled() on the same sender
         self._ids = itertools.count()
         self._last_publish = 0.0
         self._unpublished: EngineStats | None = None
@@ -79,7 +86,8 @@ class TritonPythonModel:
         self._stop_signal = StopSignal.from_environment()
         self._stopping: str | None = None  # once set: the message every open and new request ends with
         self.loop = BatchLoop(self.engine, self._emit, on_idle=self._on_idle)
-        self._watcher = CancelWatcher(self._open_senders, self.loop.cancel, self._check_stop)
+        self._watcher = CancelWatcher(self._open_senders, self.loop.cancel, self._check_stop,
+                                      self.config.cancel_check_interval_ms / 1000.0)
         pb_utils.Logger.log_info(
             f"inflight: model {args['model_name']} ready: {self.config} on {self.config.resolved_device()}, "
             f"{self.engine.blocks.num_blocks} KV blocks of {self.config.block_size} tokens, "
@@ -124,9 +132,16 @@ class TritonPythonModel:
                                             parsed.return_perf_metrics, _requested(request))
         self.loop.submit(req_id, parsed.prompt_ids, parsed.params, parsed.priority, arrival)
 
-    def _open_senders(self) -> list[tuple[str, object]]:
+    def _open_senders(self) -> list[tuple[str, Callable[[], bool]]]:
         with self._lock:
-            return [(req_id, stream.sender) for req_id, stream in self._streams.items()]
+            return [(req_id, partial(self._asks_cancelled, stream)) for req_id, stream in self._streams.items()]
+
+    def _asks_cancelled(self, stream: _Stream) -> bool:
+        """Watcher thread. python_backend 2.51 frees a request's response factory once its FINAL is sent, and
+        is_cancelled() on it afterwards crashes tritonserver (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled):
+        the responder closes a stream under this lock before sending its FINAL, so no ask can overlap it."""
+        with self._final_lock:
+            return not stream.closed and stream.sender.is_cancelled()
 
     def _check_stop(self) -> None:
         """Watcher thread: once the supervisor asks (or is gone), end every stream and refuse new ones."""
@@ -154,6 +169,8 @@ class TritonPythonModel:
             if out.finished:
                 with self._lock:
                     del self._streams[out.req_id]
+                with self._final_lock:
+                    stream.closed = True
             self._observe(stream, out)
             ready.append((stream, out))
         self._unpublished = stats
@@ -202,6 +219,9 @@ class TritonPythonModel:
             if times is not None and out.num_output_tokens > 1:
                 per_token = (times.last_token - times.first_token) / (out.num_output_tokens - 1)
             self.metrics.observe_finished(out.finish_reason, time.monotonic() - stream.arrival, per_token)
+            if _TRACE_CANCELS and out.finish_reason == "cancelled" and times is not None:  # benchmarks/robustness.py reads these
+                print(f"inflight-trace: cancelled: prompt {out.num_input_tokens} tokens, ended at {times.finished:.6f}",
+                      file=sys.stderr, flush=True)
 
 def _input(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -246,6 +266,5 @@ def _send_error(sender, message: str) -> None:
 def _send(sender, response, flags: int) -> None:
     try:
         sender.send(response, flags=flags)
-    except Exception as exc:
-        if not sender.is_cancelled():  # a cancelled or disconnected client has nothing left to receive
-            pb_utils.Logger.log_error(f"inflight: failed to send a response: {exc}")
+    except Exception as exc:  # (not is_cancelled() here: after a FINAL the sender's factory may be gone)
+        pb_utils.Logger.log_error(f"inflight: failed to send a response: {exc}")

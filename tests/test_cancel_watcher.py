@@ -24,7 +24,7 @@ def test_every_open_stream_is_asked_each_tick_and_cancelled_once():
     def open_senders():
         if len(ticks) >= 3:
             swept.set()
-        return list(senders.items())
+        return [(req_id, sender.is_cancelled) for req_id, sender in senders.items()]
 
     watcher = CancelWatcher(open_senders, cancelled.append, lambda: ticks.append(1), tick=0.001)
     assert swept.wait(30)
@@ -44,7 +44,7 @@ def test_a_failing_sender_does_not_stop_the_watching():
         calls.append(1)
         if len(calls) > 3:
             done.set()
-        return [("a", Broken(False))]
+        return [("a", Broken(False).is_cancelled)]
 
     watcher = CancelWatcher(open_senders, lambda req_id: None, lambda: None, tick=0.001)
     assert done.wait(30)
@@ -53,10 +53,23 @@ def test_a_failing_sender_does_not_stop_the_watching():
 
 def test_the_stop_signal_is_a_file_or_the_supervisor_gone(tmp_path):
     assert not StopSignal().is_set()
-    signal = StopSignal(str(tmp_path / "stop"), os.getpid())
-    assert not signal.is_set()
+    signal = StopSignal(str(tmp_path / "stop"), supervisor_pid=os.getpid(), server_pid=_child_pid())
+    assert not signal.is_set()  # the "supervisor" (this process) is the "server's" parent
     (tmp_path / "stop").touch()
     assert signal.is_set()
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    assert StopSignal(None, gone.pid).is_set()
+    assert StopSignal(None, supervisor_pid=os.getpid() + 10**6, server_pid=os.getpid()).is_set()  # not our parent
+
+
+def _child_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    _children.append(child)
+    return child.pid
+
+
+_children: list = []
+
+
+def teardown_module():
+    for child in _children:
+        child.kill()
+        child.wait()

@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 
 from inflight_backend.make_model import byte_level_tokenizer
 from tests.conftest import Oracle
-from tests.test_server_faults import KILLED_CLIENT
+from tests.test_server_faults import KILLED_CLIENT, await_tokens_on_every_stream
 from tests.triton_helpers import infer_inputs, metric, wait_for_metric
 
 pytestmark = pytest.mark.server
@@ -96,13 +96,12 @@ def test_soak(server, oracle_cases, expected, seed):
     generated_before = metric(port, "inflight_generated_tokens_total", "llm")
     requests = plan(oracle_cases, random.Random(seed))
     results = [Collected() for _ in requests]
-    killed = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, url, str(NUM_KILLED)], stdout=subprocess.PIPE,
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, url, str(NUM_KILLED), "300"], stdout=subprocess.PIPE,
                               cwd=os.path.dirname(os.path.dirname(__file__)))
     threads = [threading.Thread(target=run_one, args=(url, r, out)) for r, out in zip(requests, results)]
     for t in threads:
         t.start()
-    for _ in range(2 * NUM_KILLED):
-        assert killed.stdout.readline() == b"token\n"
+    await_tokens_on_every_stream(killed, NUM_KILLED)
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait()
     for t in threads:
@@ -127,8 +126,8 @@ def test_soak(server, oracle_cases, expected, seed):
             assert out.cancelled or len(ids) == request["values"]["max_tokens"]
 
     # Every request ends exactly once. A client's cancel can cross its request's last token (then it ends as
-    # stop or length), so cancellations are bounded, not counted exactly; the killed client's 1900-token
-    # requests are all cancelled.
+    # stop or length), and Triton may miss some of a killed client's cancellations (test_server_faults): so
+    # cancellations are bounded, not counted exactly.
     deadline = time.monotonic() + 120
     while (ended := sum(metric(port, "inflight_requests_finished_total", "llm", reason=r) for r in REASONS)) < \
             sum(before.values()) + NUM_REQUESTS + NUM_KILLED:
@@ -136,7 +135,7 @@ def test_soak(server, oracle_cases, expected, seed):
         time.sleep(0.1)
     after = {r: metric(port, "inflight_requests_finished_total", "llm", reason=r) for r in REASONS}
     assert sum(after.values()) - sum(before.values()) == NUM_REQUESTS + NUM_KILLED
-    assert NUM_KILLED <= after["cancelled"] - before["cancelled"] <= NUM_KILLED + sum(o.cancelled for o in results)
+    assert after["cancelled"] - before["cancelled"] <= NUM_KILLED + sum(o.cancelled for o in results)
     assert after["error"] == before["error"]
     assert wait_for_metric(port, "inflight_kv_blocks_used", "llm", 0) == 0
     assert wait_for_metric(port, "inflight_requests", "llm", 0, state="running") == 0

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from inflight_backend.server import check_ports_free
 from tests.conftest import free_port, model_config, write_repository
 from tests.test_server_faults import KILLED_CLIENT
 from tests.triton_helpers import grpc_generate, metric
@@ -141,7 +142,7 @@ def test_sigterm_with_64_open_streams_ends_every_stream_and_exits_0(repo, tmp_pa
         for t in threads:
             t.join()
         idle.kill()  # the server is gone: everything it was sent is in its output
-        idle_lines = idle.stdout.read().split()
+        idle_kinds = [line.split()[0] for line in idle.stdout.read().splitlines()]
     finally:
         served.close()
         if idle is not None:
@@ -149,12 +150,42 @@ def test_sigterm_with_64_open_streams_ends_every_stream_and_exits_0(repo, tmp_pa
     assert all(r.final for r in results)  # a final response or an error: no stream is left hanging
     stopped = [r for r in results if r.error is not None]
     assert stopped and all("shutting down" in r.error for r in stopped), {r.error for r in stopped}
-    assert idle_lines.count(b"stopping") == 4 and b"final" not in idle_lines  # then their connection closes
+    assert idle_kinds.count(b"stopping") == 4 and b"final" not in idle_kinds  # then their connection closes
     log = served.log.read_text(errors="replace")
     assert not [mark for mark in CRASH_MARKS if mark in log], log[-3000:]
     assert "every stream ended" in log or "tritonserver stopped (exit code 0)" in log
     assert not served.stubs()
     assert not list(Path("/dev/shm").glob(f"inflight_{served.process.pid}_*"))
+
+
+def test_killing_inflight_serve_takes_tritonserver_with_it(repo, tmp_path):
+    """`kill -9` of `inflight serve`: tritonserver gets SIGTERM (parent-death signal), its model drains (the
+    supervisor is gone) and it exits, freeing the ports."""
+    served = Served(repo, tmp_path / "serve.log")
+    try:
+        served.wait_ready()
+        (stub,) = served.stubs()
+        triton = int(Path(f"/proc/{stub}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the stub's parent
+        results, first_tokens = [None], threading.Semaphore(0)
+        (thread,) = open_streams(served.url, 1, results, first_tokens)
+        assert first_tokens.acquire(timeout=120)
+        served.process.kill()
+        thread.join()
+        assert results[0].error is not None and len(results[0].ids) < 1900
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{triton}").exists() and _state(triton) != "Z":
+            assert time.monotonic() < deadline, "tritonserver outlived inflight serve"
+            time.sleep(0.1)
+        check_ports_free("127.0.0.1", tuple(served.ports))
+    finally:
+        served.close()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
 
 
 def test_the_server_files_and_admin_apis_are_private(repo, tmp_path):
