@@ -16,7 +16,7 @@ from .detokenizer import IncrementalDetokenizer, special_ids
 from .engines.base import ModelRunner
 from .protocol import PromptLimits
 from .request import PromptTooLarge, Request, RequestError, RequestStatus, SamplingParams  # noqa: F401 (RequestError re-exported)
-from .sampler import Sampler
+from .sampler import Sampler, mask_logits
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineStats
 
@@ -162,6 +162,7 @@ class InflightEngine:
                 return [self.fail(item.request, message) for item in sched.scheduled]
             modelled = time.perf_counter()
             sampled = [item.request for item in sched.scheduled if item.sample]
+            self._mask_end_ids(logits, sampled)
             token_ids, failed = self.sampler.sample(logits, [r.req_id for r in sampled], [r.params for r in sampled])
             now = time.monotonic()
             bad = {sampled[row].req_id: why for row, why in failed.items()} if failed else None
@@ -170,6 +171,18 @@ class InflightEngine:
                                else self._fail_sampled(request, bad[request.req_id]))
         self.stats.record(sched, self.scheduler, (start, scheduled, modelled, time.perf_counter()))
         return outputs
+
+    def _mask_end_ids(self, logits, sampled: list[Request]) -> None:
+        """Below its min_tokens a request cannot end: its end ids get -inf logits (transformers'
+        MinNewTokensLengthLogitsProcessor, vLLM's min_tokens, TensorRT-LLM's min_length)."""
+        rows, ids = [], []
+        for row, request in enumerate(sampled):
+            if len(request.output_ids) < request.params.min_tokens:
+                ends = (request.params.end_id,) if request.params.end_id is not None else self.eos_ids
+                rows += [row] * len(ends)
+                ids += ends
+        if rows:
+            mask_logits(logits, rows, ids)
 
     def fail(self, request: Request, message: str) -> RequestOutput:
         """End one request with an error between steps; its blocks are freed."""

@@ -41,7 +41,20 @@ def make_model(out_dir: str, spec: TinySpec = TinySpec()) -> str:
         json.dump(_hf_config(spec), f, indent=2)
     _save_weights(out_dir, _random_weights(spec), spec.num_shards)
     byte_level_tokenizer(spec.vocab_size).save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(_tokenizer_config(spec), f, indent=2)
     return out_dir
+
+
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+def _tokenizer_config(spec: TinySpec) -> dict:
+    """What clients given --tokenizer-dir (genai-perf, TensorRT-LLM's and vLLM's clients) read through
+    transformers' AutoTokenizer: the fast tokenizer of tokenizer.json as written, its BOS/EOS, a chat template."""
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+            "pad_token": "</s>", "model_max_length": spec.max_position_embeddings, "chat_template": CHAT_TEMPLATE}
 
 
 def _hf_config(spec: TinySpec) -> dict:

@@ -112,6 +112,7 @@ class TritonPythonModel:
         try:
             if self._stopping is not None:
                 raise ServerStopping(self._stopping)
+            protocol.check_parameters(request.parameters())
             parsed = protocol.parse_request(lambda name: _input(request, name), self.engine.encode,
                                             self.config.default_max_tokens, self.limits)
             self.engine.validate(parsed.prompt_ids, parsed.params)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import json
 import math
 
 import numpy as np
@@ -76,6 +77,21 @@ class ParsedRequest:
     exclude_input_in_output: bool
     priority: int = 0
     return_perf_metrics: bool = False
+
+
+def check_parameters(raw_json: str) -> None:
+    """A request's parameters must be empty: over HTTP `/generate`, Triton passes every JSON field that names no
+    input as a parameter, so a typo (`max_token`) or a feature we lack would otherwise be dropped silently.
+    Triton's own (`triton_*`) never reach here as user fields."""
+    if raw_json in ("", "{}"):
+        return
+    try:
+        names = sorted(k for k in json.loads(raw_json) if not k.startswith("triton_"))
+    except (ValueError, AttributeError):
+        raise RequestError("the request's parameters are not a JSON object") from None
+    if names:
+        raise RequestError(f"unknown request field(s) {names}: not an input of this model (inputs: "
+                           f"{sorted(all_inputs())}); nothing was generated")
 
 
 def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str], list[int]],

@@ -51,6 +51,12 @@ class Sampler:
         return int(torch.multinomial(probs, 1, generator=gen))
 
 
+def mask_logits(logits: torch.Tensor, rows: list[int], token_ids: list[int]) -> None:
+    """logits[rows[i], token_ids[i]] = -inf, in place (the runner's logits are inference tensors)."""
+    with torch.inference_mode():
+        logits[torch.tensor(rows, device=logits.device), torch.tensor(token_ids, device=logits.device)] = float("-inf")
+
+
 def scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """(logits - max) / temperature in float64: the best token stays at 0, so however small the temperature
     (down to the 1e-5 below which a request is greedy), the rest only underflow towards -inf, never NaN."""

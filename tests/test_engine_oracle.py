@@ -76,3 +76,27 @@ def test_requests_that_can_never_fit_are_rejected(tiny_model):
         engine.validate([1, 258], SamplingParams(max_tokens=1))
     with pytest.raises(RequestError, match="max_tokens"):
         engine.validate([1], SamplingParams(max_tokens=0))
+
+
+def test_min_tokens_masks_the_end_id_as_transformers_does(tiny_model, oracle_cases):
+    """Requests that would end at EOS early: with min_tokens they go on past it, token for token as
+    transformers' generate(min_new_tokens=...), and may end at EOS once the minimum is reached."""
+    oracle = Oracle(tiny_model)
+    stopping = [(ids, n) for ids, n in oracle_cases if (out := oracle.generate(ids, n)) and out[-1] == 257]
+    assert stopping, "no oracle case ends at EOS"
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256, max_batch_size=8))
+    cases, params = [], []
+    for ids, n in stopping:
+        stop_at = len(oracle.generate(ids, n))
+        cases.append((ids, stop_at + 40))
+        params.append(SamplingParams(max_tokens=stop_at + 40, min_tokens=stop_at + 5))
+    for i, ((ids, _), p) in enumerate(zip(cases, params)):
+        engine.add_request(str(i), ids, p)
+    got = {str(i): [] for i in range(len(cases))}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.req_id] += out.token_ids
+    for i, ((ids, n), p) in enumerate(zip(cases, params)):
+        want = oracle.generate(ids, n, min_new_tokens=p.min_tokens)
+        assert got[str(i)] == want and len(want) >= p.min_tokens
+        assert 257 not in want[:p.min_tokens]

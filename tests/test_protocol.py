@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from inflight_backend.protocol import PromptLimits, parse_request
+from inflight_backend.protocol import PromptLimits, check_parameters, parse_request
 from inflight_backend.request import RequestError
 
 LIMITS = PromptLimits(max_bytes=100, max_tokens=50)
@@ -72,3 +72,10 @@ def test_subnormal_and_tiny_temperatures_are_accepted_and_greedy():
     for t in (1e-45, 1e-40, 1e-6):
         p = parse(text_input=np.array([b"a"], dtype=object), temperature=np.array([t], dtype=np.float32))
         assert p.params.greedy
+
+
+def test_unknown_fields_are_refused_by_name():
+    check_parameters("{}")
+    check_parameters('{"triton_enable_empty_final_response": true}')
+    with pytest.raises(RequestError, match=r"unknown request field\(s\) \['beam_width', 'max_token'\]"):
+        check_parameters('{"max_token": 100, "beam_width": 4}')
