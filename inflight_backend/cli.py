@@ -52,7 +52,8 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
                    help="Triton API groups that need the admin key header ('none': none; default: %(default)s)")
     p.add_argument("--admin-key", default=os.environ.get("INFLIGHT_ADMIN_KEY"),
                    help="value of the 'inflight-admin-key' header the restricted APIs require (default: "
-                        "$INFLIGHT_ADMIN_KEY, else the key in build/triton/admin-key, mode 0600, made at random the first time)")
+                        "$INFLIGHT_ADMIN_KEY, else the key in build/triton/admin-key, mode 0600, made at random "
+                        "the first time)")
     p.add_argument("--max-restarts", type=int, default=5,
                    help="restarts after a model stub dies, within 10 minutes, before exiting with 1")
     p.add_argument("--stop-timeout", type=float, default=15.0,

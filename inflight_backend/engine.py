@@ -15,7 +15,8 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer, special_ids
 from .engines.base import ModelRunner
 from .protocol import PromptLimits
-from .request import PromptTooLarge, Request, RequestError, RequestStatus, SamplingParams  # noqa: F401 (RequestError re-exported)
+from .request import RequestError  # noqa: F401 (re-exported: callers catch it from here too)
+from .request import PromptTooLarge, Request, RequestStatus, SamplingParams
 from .sampler import Sampler, mask_logits
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineStats
@@ -49,6 +50,7 @@ class RequestTimes:
     first_token: float | None
     last_token: float | None
     finished: float | None = None  # when the engine ended it (a cancellation's end, for one)
+
 
 _BYTES_PER_TOKEN = 32  # default max_prompt_bytes per token of context: above any real tokenizer's average
 

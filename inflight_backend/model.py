@@ -220,7 +220,8 @@ class TritonPythonModel:
             if times is not None and out.num_output_tokens > 1:
                 per_token = (times.last_token - times.first_token) / (out.num_output_tokens - 1)
             self.metrics.observe_finished(out.finish_reason, time.monotonic() - stream.arrival, per_token)
-            if _TRACE_CANCELS and out.finish_reason == "cancelled" and times is not None:  # benchmarks/robustness.py reads these
+            # benchmarks/robustness.py reads these lines
+            if _TRACE_CANCELS and out.finish_reason == "cancelled" and times is not None:
                 print(f"inflight-trace: cancelled: prompt {out.num_input_tokens} tokens, ended at {times.finished:.6f}",
                       file=sys.stderr, flush=True)
 

@@ -22,8 +22,8 @@ HOSTILE = [  # (values, types, the error names this)
     ({"input_ids": [5] * 5000}, None, "(max_prompt_tokens)"),
     ({"text_input": "a", "max_tokens": "many"}, {"max_tokens": "TYPE_STRING"}, "max_tokens"),
 ]
-NEAR_ZERO = [1e-40, 1e-45]
-REASONS = ("stop", "length", "cancelled", "error")  # were accepted and then failed the whole batch; now greedy, their limit
+NEAR_ZERO = [1e-40, 1e-45]  # were accepted and then failed the whole batch; now greedy, their limit
+REASONS = ("stop", "length", "cancelled", "error")
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,8 @@ def test_soak(server, oracle_cases, expected, seed):
     generated_before = metric(port, "inflight_generated_tokens_total", "llm")
     requests = plan(oracle_cases, random.Random(seed))
     results = [Collected() for _ in requests]
-    killed = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, url, str(NUM_KILLED), "300"], stdout=subprocess.PIPE,
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, url, str(NUM_KILLED), "300"],
+                              stdout=subprocess.PIPE,
                               cwd=os.path.dirname(os.path.dirname(__file__)))
     threads = [threading.Thread(target=run_one, args=(url, r, out)) for r, out in zip(requests, results)]
     for t in threads:
