@@ -141,8 +141,7 @@ def test_sigterm_with_64_open_streams_ends_every_stream_and_exits_0(repo, tmp_pa
         assert served.process.wait(60) == 0  # 60 s only guards against a hang
         for t in threads:
             t.join()
-        idle.kill()  # the server is gone: everything it was sent is in its output
-        idle_kinds = [line.split()[0] for line in idle.stdout.read().splitlines()]
+        idle_ends = first_ends(idle, 4)  # the first response ending each of its streams
     finally:
         served.close()
         if idle is not None:
@@ -150,12 +149,26 @@ def test_sigterm_with_64_open_streams_ends_every_stream_and_exits_0(repo, tmp_pa
     assert all(r.final for r in results)  # a final response or an error: no stream is left hanging
     stopped = [r for r in results if r.error is not None]
     assert stopped and all("shutting down" in r.error for r in stopped), {r.error for r in stopped}
-    assert idle_kinds.count(b"stopping") == 4 and b"final" not in idle_kinds  # then their connection closes
+    assert idle_ends == {i: b"stopping" for i in range(4)}  # then the killed server closes their connection
     log = served.log.read_text(errors="replace")
     assert not [mark for mark in CRASH_MARKS if mark in log], log[-3000:]
     assert "every stream ended" in log or "tritonserver stopped (exit code 0)" in log
     assert not served.stubs()
     assert not list(Path("/dev/shm").glob(f"inflight_{served.process.pid}_*"))
+
+
+def first_ends(client: subprocess.Popen, n: int, timeout: float = 60.0) -> dict[int, bytes]:
+    """Read KILLED_CLIENT's lines until each of its n streams has ended ("final", "stopping" or "error"); return
+    the kind that ended each. Bounded: a stream that never ends leaves it out (the caller's assertion says so)."""
+    ends: dict[int, bytes] = {}
+    reader = threading.Thread(target=lambda: [ends.setdefault(int(index), kind) for kind, index in
+                                              (line.split() for line in client.stdout) if kind != b"token"],
+                              daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    while len(ends) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return dict(ends)
 
 
 def test_killing_inflight_serve_takes_tritonserver_with_it(repo, tmp_path):
