@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from inflight_backend import protocol
+from inflight_backend import protocol, vllm_protocol
 from inflight_backend.batch_loop import BatchLoop
 from inflight_backend.cancel_watcher import CancelWatcher
 from inflight_backend.config import EngineConfig
@@ -112,9 +112,9 @@ class TritonPythonModel:
         try:
             if self._stopping is not None:
                 raise ServerStopping(self._stopping)
-            protocol.check_parameters(request.parameters())
+            sampling = _sampling_parameters(request)
             parsed = protocol.parse_request(lambda name: _input(request, name), self.engine.encode,
-                                            self.config.default_max_tokens, self.limits)
+                                            self.config.default_max_tokens, self.limits, sampling)
             self.engine.validate(parsed.prompt_ids, parsed.params)
             self._check_queue()
         except Exception as exc:  # anything unforeseen still ends this request alone, with FINAL
@@ -228,6 +228,16 @@ class TritonPythonModel:
 def _input(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
+
+
+def _sampling_parameters(request) -> dict:
+    """vLLM sampling parameters: the `sampling_parameters` input, else the request's parameters."""
+    tensor = _input(request, "sampling_parameters")
+    if tensor is not None and tensor.size != 1:
+        raise RequestError(f"input 'sampling_parameters' must hold one JSON string, got shape {list(tensor.shape)}")
+    raw = None if tensor is None else tensor.reshape(-1)[0]
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    return vllm_protocol.sampling_parameters(text, request.parameters())
 
 
 def _requested(request) -> frozenset[str] | None:

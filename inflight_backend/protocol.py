@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import json
 import math
 
 import numpy as np
@@ -32,7 +31,14 @@ INPUTS = {
     "min_tokens": ("TYPE_INT32", [1]),
     "priority": ("TYPE_INT32", [1]),
     "return_perf_metrics": ("TYPE_BOOL", [1]),
+    "sampling_parameters": ("TYPE_STRING", [1]),  # vLLM backend: JSON in vLLM SamplingParams names
+    "return_finish_reason": ("TYPE_BOOL", [1]),  # vLLM backend: these three are on every final response
+    "return_num_input_tokens": ("TYPE_BOOL", [1]),
+    "return_num_output_tokens": ("TYPE_BOOL", [1]),
+    "return_cumulative_logprob": ("TYPE_BOOL", [1]),  # vLLM backend: not implemented (true is an error)
+    "return_logprobs": ("TYPE_BOOL", [1]),
 }
+NOT_YET = ("return_cumulative_logprob", "return_logprobs")
 ALIASES = {  # TensorRT-LLM's other names -> ours
     "streaming": ("stream", ("TYPE_BOOL", [1])),
     "request_output_len": ("max_tokens", ("TYPE_INT32", [1])),
@@ -79,26 +85,22 @@ class ParsedRequest:
     return_perf_metrics: bool = False
 
 
-def check_parameters(raw_json: str) -> None:
-    """A request's parameters must be empty: over HTTP `/generate`, Triton passes every JSON field that names no
-    input as a parameter, so a typo (`max_token`) or a feature we lack would otherwise be dropped silently.
-    Triton's own (`triton_*`) never reach here as user fields."""
-    if raw_json in ("", "{}"):
-        return
-    try:
-        names = sorted(k for k in json.loads(raw_json) if not k.startswith("triton_"))
-    except (ValueError, AttributeError):
-        raise RequestError("the request's parameters are not a JSON object") from None
-    if names:
-        raise RequestError(f"unknown request field(s) {names}: not an input of this model (inputs: "
-                           f"{sorted(all_inputs())}); nothing was generated")
-
-
 def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str], list[int]],
-                  default_max_tokens: int, limits: PromptLimits) -> ParsedRequest:
-    """Read a request's inputs; raise RequestError with a message for the client on anything invalid."""
+                  default_max_tokens: int, limits: PromptLimits, sampling: dict | None = None) -> ParsedRequest:
+    """Read a request's inputs; raise RequestError with a message for the client on anything invalid.
+    `sampling`: values from vLLM sampling parameters (`vllm_protocol`), by our input names; an input given
+    both ways must agree."""
+    sampling = sampling or {}
 
     def value(name, default, kind):
+        tensor = tensor_value(name, default, kind)
+        if name not in sampling:
+            return tensor
+        if tensor is not default and tensor != sampling[name]:
+            raise RequestError(f"input {name!r} ({tensor}) and the sampling parameters ({sampling[name]}) differ")
+        return _number(sampling[name], name, kind)
+
+    def tensor_value(name, default, kind):
         array, given = get(name), name
         if array is None:
             for alias, (target, _) in ALIASES.items():
@@ -126,11 +128,16 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
         temperature=temperature, top_k=top_k, top_p=top_p,
         seed=value("seed", None, int),
         end_id=value("end_id", None, int),
-        stop_words=_strings(get("stop_words")),
+        stop_words=_strings(get("stop_words")) + tuple(sampling.get("stop_words", ())),
         min_tokens=value("min_tokens", 0, int),
     )
-    return ParsedRequest(prompt_ids, prompt_text, params, value("stream", False, bool),
-                         value("exclude_input_in_output", False, bool), value("priority", 0, int),
+    for name in NOT_YET:
+        if value(name, False, bool):
+            raise RequestError(f"input {name!r}: log-probabilities are not implemented yet")
+    stream, exclude = value("stream", False, bool), value("exclude_input_in_output", None, bool)
+    if stream and exclude is False:  # vLLM backend's rule: a stream carries only what is new
+        raise RequestError("exclude_input_in_output=false is not allowed when streaming")
+    return ParsedRequest(prompt_ids, prompt_text, params, stream, bool(exclude), value("priority", 0, int),
                          value("return_perf_metrics", False, bool))
 
 

@@ -1,16 +1,17 @@
 import numpy as np
 import pytest
 
-from inflight_backend.protocol import PromptLimits, check_parameters, parse_request
+from inflight_backend.protocol import PromptLimits, parse_request
+from inflight_backend.vllm_protocol import sampling_parameters
 from inflight_backend.request import RequestError
 
 LIMITS = PromptLimits(max_bytes=100, max_tokens=50)
 
 
-def parse(encode=None, **inputs):
+def parse(encode=None, sampling=None, **inputs):
     arrays = {k: (v if isinstance(v, np.ndarray) else np.array([v])) for k, v in inputs.items()}
     return parse_request(arrays.get, encode or (lambda text: [256] + list(text.encode())), default_max_tokens=16,
-                         limits=LIMITS)
+                         limits=LIMITS, sampling=sampling)
 
 
 def test_defaults_are_greedy_non_streaming():
@@ -75,7 +76,44 @@ def test_subnormal_and_tiny_temperatures_are_accepted_and_greedy():
 
 
 def test_unknown_fields_are_refused_by_name():
-    check_parameters("{}")
-    check_parameters('{"triton_enable_empty_final_response": true}')
-    with pytest.raises(RequestError, match=r"unknown request field\(s\) \['beam_width', 'max_token'\]"):
-        check_parameters('{"max_token": 100, "beam_width": 4}')
+    assert sampling_parameters(None, "{}") == {}
+    assert sampling_parameters(None, '{"triton_enable_empty_final_response": true}') == {}
+    with pytest.raises(RequestError, match=r"unknown field\(s\) \['beam_width', 'max_token'\]"):
+        sampling_parameters(None, '{"max_token": 100, "beam_width": 4}')
+
+
+def test_vllm_sampling_parameters_as_vllms_client_sends_them():
+    sent = '{"temperature": "0.1", "top_p": "0.95", "max_tokens": "100", "top_k": -1, "n": "1"}'
+    ours = sampling_parameters(sent, sent)  # the tensor, and the same as request parameters
+    assert ours == {"temperature": 0.1, "top_p": 0.95, "max_tokens": 100, "top_k": 0}
+    p = parse(text_input=np.array([b"hi"], dtype=object), sampling=ours)
+    assert (p.params.max_tokens, p.params.temperature, p.params.top_p, p.params.top_k) == (100, 0.1, 0.95, 0)
+    stop = sampling_parameters('{"stop": ["x", "yz"], "include_stop_str_in_output": true}', "{}")
+    assert stop == {"stop_words": ("x", "yz")}
+
+
+@pytest.mark.parametrize("tensor, params, message", [
+    ('{"n": 2}', "{}", r"\['n'\] are not supported"),
+    ('{"presence_penalty": "0.5", "logprobs": 3}', "{}", r"\['logprobs', 'presence_penalty'\] are not supported"),
+    ('{"stop": "x"}', "{}", "include_stop_str_in_output"),
+    ('{"max_tokens": "many"}', "{}", "'max_tokens': expected int"),
+    ('{"max_tokens": 5}', '{"max_tokens": 6}', r"\['max_tokens'\] differ"),
+    ('[1, 2]', "{}", "must be a JSON object"),
+    ("{", "{}", "not valid JSON"),
+])
+def test_vllm_sampling_parameters_we_cannot_honour_are_errors(tensor, params, message):
+    with pytest.raises(RequestError, match=message):
+        sampling_parameters(tensor, params)
+
+
+def test_an_input_given_twice_must_agree_and_streams_never_echo_the_prompt():
+    with pytest.raises(RequestError, match="'max_tokens' .* differ"):
+        parse(text_input=np.array([b"hi"], dtype=object), max_tokens=np.array([5], dtype=np.int32),
+              sampling={"max_tokens": 6})
+    assert parse(text_input=np.array([b"hi"], dtype=object), max_tokens=np.array([6], dtype=np.int32),
+                 sampling={"max_tokens": 6}).params.max_tokens == 6
+    with pytest.raises(RequestError, match="not allowed when streaming"):
+        parse(text_input=np.array([b"hi"], dtype=object), stream=np.array([True]),
+              exclude_input_in_output=np.array([False]))
+    with pytest.raises(RequestError, match="'return_logprobs'"):
+        parse(text_input=np.array([b"hi"], dtype=object), return_logprobs=np.array([True]))

@@ -1,0 +1,101 @@
+"""vLLM's Triton backend protocol: sampling parameters as one JSON object in vLLM `SamplingParams` names, sent as
+the `sampling_parameters` input (STRING [1]) or as the request's parameters (what Triton also makes of HTTP
+`/generate` fields that name no input). Values may be strings ("0.1"), as vLLM's own client sends them.
+
+Every field we implement acts; every other one, given anything but vLLM's default, is an error naming it.
+"""
+from __future__ import annotations
+
+import json
+
+from .request import RequestError
+
+# vLLM name -> (our input, type)
+SUPPORTED = {"max_tokens": ("max_tokens", int), "min_tokens": ("min_tokens", int),
+             "temperature": ("temperature", float), "top_p": ("top_p", float), "top_k": ("top_k", int),
+             "seed": ("seed", int)}
+# Accepted only at vLLM's default value (None also stands for an empty list).
+DEFAULTS = {"n": 1, "best_of": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+            "min_p": 0.0, "ignore_eos": False, "logprobs": None, "prompt_logprobs": None, "detokenize": True,
+            "skip_special_tokens": True, "spaces_between_special_tokens": True, "stop_token_ids": None,
+            "bad_words": None, "lora_name": None, "truncate_prompt_tokens": None, "structured_outputs": None,
+            "guided_decoding": None, "logits_processors": None}
+
+
+def sampling_parameters(tensor_json: str | None, request_parameters: str) -> dict[str, object]:
+    """Our inputs' values from the vLLM sampling parameters of a request (the tensor wins; request parameters
+    sent beside it, as vLLM's client does, must agree with it)."""
+    given = _object(request_parameters, "the request's parameters")
+    given = {k: v for k, v in given.items() if not k.startswith("triton_")}  # Triton's own, never the user's
+    if tensor_json is None:
+        return translate(given)
+    chosen = _object(tensor_json, "sampling_parameters")
+    differ = sorted(k for k, v in given.items() if k not in chosen or str(chosen[k]) != str(v))
+    if differ:
+        raise RequestError(f"request parameter(s) {differ} differ from the sampling_parameters input")
+    return translate(chosen)
+
+
+def translate(fields: dict[str, object]) -> dict[str, object]:
+    unknown = sorted(k for k in fields if k not in SUPPORTED and k not in DEFAULTS and k not in
+                     ("stop", "include_stop_str_in_output"))
+    if unknown:
+        raise RequestError(f"unknown field(s) {unknown}: neither an input of this model nor a vLLM sampling "
+                           "parameter; nothing was generated")
+    unsupported = sorted(k for k, default in DEFAULTS.items() if k in fields and not _is_default(fields[k], default))
+    if unsupported:
+        raise RequestError(f"vLLM sampling parameter(s) {unsupported} are not supported yet (only their defaults)")
+    ours: dict[str, object] = {}
+    for name, value in fields.items():
+        if name in SUPPORTED:
+            target, kind = SUPPORTED[name]
+            ours[target] = _convert(value, kind, name)
+    if "top_k" in ours and ours["top_k"] == -1:  # vLLM's "off"
+        ours["top_k"] = 0
+    stop = fields.get("stop")
+    if stop not in (None, "", []):
+        if not _is_default(fields.get("include_stop_str_in_output", False), True):
+            raise RequestError("vLLM sampling parameter 'stop' removes the stop string from the output by default, "
+                               "which this backend does not do yet: add include_stop_str_in_output: true")
+        ours["stop_words"] = (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop)
+    return ours
+
+
+def _object(raw: str | None, what: str) -> dict:
+    if raw in (None, ""):
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise RequestError(f"{what} is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise RequestError(f"{what} must be a JSON object")
+    return value
+
+
+def _convert(value, kind, name: str):
+    try:
+        if kind is bool:
+            return _bool(value)
+        return kind(float(value)) if kind is int and isinstance(value, str) and "." in value else kind(value)
+    except (TypeError, ValueError):
+        raise RequestError(f"vLLM sampling parameter {name!r}: expected {kind.__name__}, got {value!r}") from None
+
+
+def _bool(value) -> bool:
+    if isinstance(value, str):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(value)
+        return value.lower() in ("true", "1")
+    return bool(value)
+
+
+def _is_default(value, default) -> bool:
+    if default is None:
+        return value in (None, "", [], "None", "null")
+    try:
+        if isinstance(default, bool):
+            return _bool(value) == default
+        return float(value) == float(default)
+    except (TypeError, ValueError):
+        return False

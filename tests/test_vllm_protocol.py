@@ -1,0 +1,78 @@
+"""vLLM's Triton backend clients against our server: the exact request its samples/client.py builds (text_input,
+stream, sampling_parameters as a JSON string tensor, exclude_input_in_output, the same dict again as request
+parameters, only text_output requested), over gRPC streaming, and its fields over HTTP."""
+import json
+import queue
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from inflight_backend.make_model import byte_level_tokenizer
+from tests.conftest import Oracle
+from tests.triton_helpers import http_post
+
+pytestmark = pytest.mark.server
+TOKENIZER = byte_level_tokenizer()
+PROMPT = "Hello, my name is"
+
+
+def vllm_client_request(url, prompt, stream, sampling_parameters, exclude_input_in_output):
+    """What vllm_backend's samples/client.py create_request + stream_infer send; returns (texts, error)."""
+    inputs = [grpcclient.InferInput("text_input", [1], "BYTES"), grpcclient.InferInput("stream", [1], "BOOL"),
+              grpcclient.InferInput("sampling_parameters", [1], "BYTES"),
+              grpcclient.InferInput("exclude_input_in_output", [1], "BOOL")]
+    inputs[0].set_data_from_numpy(np.array([prompt.encode("utf-8")], dtype=np.object_))
+    inputs[1].set_data_from_numpy(np.array([stream], dtype=bool))
+    inputs[2].set_data_from_numpy(np.array([json.dumps(sampling_parameters).encode("utf-8")], dtype=np.object_))
+    inputs[3].set_data_from_numpy(np.array([exclude_input_in_output], dtype=bool))
+    responses: queue.SimpleQueue = queue.SimpleQueue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer("llm", inputs, outputs=[grpcclient.InferRequestedOutput("text_output")],
+                              request_id="1", parameters=sampling_parameters, enable_empty_final_response=True)
+    texts = []
+    try:
+        while True:
+            result, error = responses.get(timeout=120)
+            if error is not None:
+                return texts, str(error)
+            if (text := result.as_numpy("text_output")) is not None:
+                texts.append(text[0].decode("utf-8"))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return texts, None
+    finally:
+        client.stop_stream()
+
+
+@pytest.fixture(scope="module")
+def greedy(tiny_model):
+    """transformers' greedy continuation: (its ids, its text)."""
+    ids = Oracle(tiny_model).generate(TOKENIZER.encode(PROMPT).ids, 20)
+    return ids, TOKENIZER.decode(ids)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_vllm_sample_clients_request(server, greedy, stream):
+    url = f"127.0.0.1:{server.grpc_port}"
+    params = {"temperature": "0", "top_p": "0.95", "max_tokens": "20"}  # its own, with temperature 0: greedy
+    texts, error = vllm_client_request(url, PROMPT, stream, params, exclude_input_in_output=stream)
+    assert error is None
+    ids, text = greedy
+    assert "".join(texts) == (text if stream else PROMPT + text)
+    assert len(texts) == (len(ids) if stream else 1)  # a response per token when streaming
+
+
+def test_vllm_sampling_parameters_we_cannot_honour_are_errors_naming_them(server):
+    url = f"127.0.0.1:{server.grpc_port}"
+    _, error = vllm_client_request(url, PROMPT, True, {"max_tokens": "5", "n": "2"}, True)
+    assert error is not None and "['n'] are not supported" in error
+    _, error = vllm_client_request(url, PROMPT, True, {"max_tokens": "5"}, False)
+    assert error is not None and "not allowed when streaming" in error
+    status, body = http_post(server.http_port, "/v2/models/llm/generate",
+                             {"text_input": PROMPT, "max_tokens": 3, "repetition_penalty": 1.3})
+    assert status != 200 or "error" in body
+    assert "['repetition_penalty'] are not supported" in body
+    status, body = http_post(server.http_port, "/v2/models/llm/generate",
+                             {"text_input": PROMPT, "max_tokens": 3, "top_k": 1, "seed": 3})
+    assert status == 200 and json.loads(body)["text_output"].startswith(PROMPT)
