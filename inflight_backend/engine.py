@@ -17,7 +17,7 @@ from .engines.base import ModelRunner
 from .protocol import PromptLimits
 from .request import RequestError  # noqa: F401 (re-exported: callers catch it from here too)
 from .request import PromptTooLarge, Request, RequestStatus, SamplingParams
-from .sampler import Sampler, mask_logits
+from .sampler import Sampler, apply_penalties, mask_logits
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineStats
 
@@ -165,6 +165,9 @@ class InflightEngine:
             modelled = time.perf_counter()
             sampled = [item.request for item in sched.scheduled if item.sample]
             self._mask_end_ids(logits, sampled)
+            for row, request in enumerate(sampled):
+                if request.params.penalized:
+                    apply_penalties(logits[row], request.prompt_ids, request.output_ids, request.params)
             token_ids, failed = self.sampler.sample(logits, [r.req_id for r in sampled], [r.params for r in sampled])
             now = time.monotonic()
             bad = {sampled[row].req_id: why for row, why in failed.items()} if failed else None

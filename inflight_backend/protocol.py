@@ -31,6 +31,9 @@ INPUTS = {
     "min_tokens": ("TYPE_INT32", [1]),
     "priority": ("TYPE_INT32", [1]),
     "return_perf_metrics": ("TYPE_BOOL", [1]),
+    "repetition_penalty": ("TYPE_FP32", [1]),
+    "presence_penalty": ("TYPE_FP32", [1]),
+    "frequency_penalty": ("TYPE_FP32", [1]),
     "sampling_parameters": ("TYPE_STRING", [1]),  # vLLM backend: JSON in vLLM SamplingParams names
     "return_finish_reason": ("TYPE_BOOL", [1]),  # vLLM backend: these three are on every final response
     "return_num_input_tokens": ("TYPE_BOOL", [1]),
@@ -123,6 +126,9 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
         raise RequestError(f"top_k must be >= 0, got {top_k}")
     if not 0.0 < top_p <= 1.0:
         raise RequestError(f"top_p must be in (0, 1], got {top_p}")
+    repetition_penalty = value("repetition_penalty", 1.0, float)
+    if repetition_penalty <= 0:
+        raise RequestError(f"repetition_penalty must be > 0, got {repetition_penalty}")
     params = SamplingParams(
         max_tokens=value("max_tokens", default_max_tokens, int),
         temperature=temperature, top_k=top_k, top_p=top_p,
@@ -130,6 +136,9 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
         end_id=value("end_id", None, int),
         stop_words=_strings(get("stop_words")) + tuple(sampling.get("stop_words", ())),
         min_tokens=value("min_tokens", 0, int),
+        repetition_penalty=repetition_penalty,
+        presence_penalty=value("presence_penalty", 0.0, float),
+        frequency_penalty=value("frequency_penalty", 0.0, float),
     )
     for name in NOT_YET:
         if value(name, False, bool):

@@ -44,6 +44,13 @@ class SamplingParams:
     end_id: int | None = None  # None: the tokenizer's EOS
     stop_words: tuple[str, ...] = ()
     min_tokens: int = 0  # end_id and stop words are ignored until this many tokens exist
+    repetition_penalty: float = 1.0  # transformers' / TensorRT-LLM's: over prompt and output tokens
+    presence_penalty: float = 0.0  # vLLM's / OpenAI's: over output tokens
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def greedy(self) -> bool:

@@ -57,6 +57,21 @@ def mask_logits(logits: torch.Tensor, rows: list[int], token_ids: list[int]) -> 
         logits[torch.tensor(rows, device=logits.device), torch.tensor(token_ids, device=logits.device)] = float("-inf")
 
 
+def apply_penalties(logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int], p: SamplingParams) -> None:
+    """In place on one row. Repetition (transformers' RepetitionPenaltyLogitsProcessor, TensorRT-LLM's): every
+    token of the prompt and output, negative logits times the penalty, positive ones divided by it. Presence and
+    frequency (vLLM's, OpenAI's): each token generated so far, minus presence once and frequency per time."""
+    with torch.inference_mode():
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(prompt_ids).union(output_ids)), dtype=torch.int64, device=logits.device)
+            values = logits[seen]
+            logits[seen] = torch.where(values < 0, values * p.repetition_penalty, values / p.repetition_penalty)
+        if output_ids and (p.presence_penalty or p.frequency_penalty):
+            ids, counts = torch.unique(torch.tensor(output_ids, dtype=torch.int64), return_counts=True)
+            ids, counts = ids.to(logits.device), counts.to(logits.device, logits.dtype)
+            logits[ids] -= p.presence_penalty + p.frequency_penalty * counts
+
+
 def scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """(logits - max) / temperature in float64: the best token stays at 0, so however small the temperature
     (down to the 1e-5 below which a request is greedy), the rest only underflow towards -inf, never NaN."""

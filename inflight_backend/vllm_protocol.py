@@ -13,11 +13,11 @@ from .request import RequestError
 # vLLM name -> (our input, type)
 SUPPORTED = {"max_tokens": ("max_tokens", int), "min_tokens": ("min_tokens", int),
              "temperature": ("temperature", float), "top_p": ("top_p", float), "top_k": ("top_k", int),
-             "seed": ("seed", int)}
+             "seed": ("seed", int), "repetition_penalty": ("repetition_penalty", float),
+             "presence_penalty": ("presence_penalty", float), "frequency_penalty": ("frequency_penalty", float)}
 # Accepted only at vLLM's default value (None also stands for an empty list).
-DEFAULTS = {"n": 1, "best_of": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-            "min_p": 0.0, "ignore_eos": False, "logprobs": None, "prompt_logprobs": None, "detokenize": True,
-            "skip_special_tokens": True, "spaces_between_special_tokens": True, "stop_token_ids": None,
+DEFAULTS = {"n": 1, "best_of": None, "min_p": 0.0, "ignore_eos": False, "logprobs": None, "prompt_logprobs": None,
+            "detokenize": True, "skip_special_tokens": True, "spaces_between_special_tokens": True, "stop_token_ids": None,
             "bad_words": None, "lora_name": None, "truncate_prompt_tokens": None, "structured_outputs": None,
             "guided_decoding": None, "logits_processors": None}
 

@@ -40,10 +40,12 @@ class Oracle:
         self.model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, min_new_tokens: int = 0) -> list[int]:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, min_new_tokens: int = 0,
+                 repetition_penalty: float = 1.0) -> list[int]:
         ids = torch.tensor([prompt_ids])
         out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                  min_new_tokens=min_new_tokens, do_sample=False, pad_token_id=0)
+                                  min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
+                                  do_sample=False, pad_token_id=0)
         generated = out[0, len(prompt_ids):].tolist()
         eos = self.model.config.eos_token_id
         return generated[: generated.index(eos) + 1] if eos in generated else generated

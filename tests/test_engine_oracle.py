@@ -1,5 +1,6 @@
 """In-process engine vs transformers, token for token, alone and with staggered arrivals sharing steps."""
 import pytest
+import torch
 
 from inflight_backend.config import EngineConfig
 from inflight_backend.engine import InflightEngine, RequestError
@@ -100,3 +101,47 @@ def test_min_tokens_masks_the_end_id_as_transformers_does(tiny_model, oracle_cas
         want = oracle.generate(ids, n, min_new_tokens=p.min_tokens)
         assert got[str(i)] == want and len(want) >= p.min_tokens
         assert 257 not in want[:p.min_tokens]
+
+
+def run_alone(engine, ids, params):
+    engine.add_request("x", ids, params)
+    got = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            got += out.token_ids
+    return got
+
+
+@pytest.mark.parametrize("penalty", [1.3, 0.8])
+def test_repetition_penalty_matches_transformers(tiny_model, oracle_cases, penalty):
+    oracle = Oracle(tiny_model)
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256))
+    for ids, n in oracle_cases[:8]:
+        want = oracle.generate(ids, n, repetition_penalty=penalty)
+        assert run_alone(engine, ids, SamplingParams(max_tokens=n, repetition_penalty=penalty)) == want
+
+
+@torch.inference_mode()
+def presence_frequency_reference(model, ids, n, presence, frequency):
+    """Greedy with vLLM's presence/frequency penalties, written out: each step's logits minus presence for every
+    token generated so far and frequency per time it was generated."""
+    out = []
+    for _ in range(n):
+        logits = model(torch.tensor([ids + out])).logits[0, -1].double()
+        for token in set(out):
+            logits[token] -= presence + frequency * out.count(token)
+        out.append(int(logits.argmax()))
+        if out[-1] == model.config.eos_token_id:
+            break
+    return out
+
+
+@pytest.mark.parametrize("presence, frequency", [(0.8, 0.0), (0.0, 0.5), (0.6, 0.3), (-0.5, 0.0)])
+def test_presence_and_frequency_penalties_match_a_reference(tiny_model, oracle_cases, presence, frequency):
+    oracle = Oracle(tiny_model)
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256))
+    for ids, n in oracle_cases[:6]:
+        n = min(n, 24)
+        want = presence_frequency_reference(oracle.model, ids, n, presence, frequency)
+        params = SamplingParams(max_tokens=n, presence_penalty=presence, frequency_penalty=frequency)
+        assert run_alone(engine, ids, params) == want

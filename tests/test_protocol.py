@@ -94,7 +94,7 @@ def test_vllm_sampling_parameters_as_vllms_client_sends_them():
 
 @pytest.mark.parametrize("tensor, params, message", [
     ('{"n": 2}', "{}", r"\['n'\] are not supported"),
-    ('{"presence_penalty": "0.5", "logprobs": 3}', "{}", r"\['logprobs', 'presence_penalty'\] are not supported"),
+    ('{"min_p": "0.5", "logprobs": 3}', "{}", r"\['logprobs', 'min_p'\] are not supported"),
     ('{"stop": "x"}', "{}", "include_stop_str_in_output"),
     ('{"max_tokens": "many"}', "{}", "'max_tokens': expected int"),
     ('{"max_tokens": 5}', '{"max_tokens": 6}', r"\['max_tokens'\] differ"),

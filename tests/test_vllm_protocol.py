@@ -70,9 +70,23 @@ def test_vllm_sampling_parameters_we_cannot_honour_are_errors_naming_them(server
     _, error = vllm_client_request(url, PROMPT, True, {"max_tokens": "5"}, False)
     assert error is not None and "not allowed when streaming" in error
     status, body = http_post(server.http_port, "/v2/models/llm/generate",
-                             {"text_input": PROMPT, "max_tokens": 3, "repetition_penalty": 1.3})
+                             {"text_input": PROMPT, "max_tokens": 3, "min_p": 0.2})
     assert status != 200 or "error" in body
-    assert "['repetition_penalty'] are not supported" in body
+    assert "['min_p'] are not supported" in body
     status, body = http_post(server.http_port, "/v2/models/llm/generate",
                              {"text_input": PROMPT, "max_tokens": 3, "top_k": 1, "seed": 3})
     assert status == 200 and json.loads(body)["text_output"].startswith(PROMPT)
+
+
+def test_penalties_act_over_http_and_in_vllm_sampling_parameters(server, tiny_model):
+    """`repetition_penalty` as an input (TensorRT-LLM's name) over HTTP /generate, and the same in vLLM's
+    sampling parameters over gRPC: both give transformers' generate(repetition_penalty=1.3)."""
+    ids = TOKENIZER.encode(PROMPT).ids
+    want = Oracle(tiny_model).generate(ids, 30, repetition_penalty=1.3)
+    status, body = http_post(server.http_port, "/v2/models/llm/generate",
+                             {"input_ids": ids, "max_tokens": 30, "repetition_penalty": 1.3,
+                              "exclude_input_in_output": True})
+    assert status == 200 and json.loads(body)["output_ids"] == want
+    texts, error = vllm_client_request(f"127.0.0.1:{server.grpc_port}", PROMPT, True,
+                                       {"max_tokens": "30", "repetition_penalty": "1.3", "temperature": "0"}, True)
+    assert error is None and "".join(texts) == TOKENIZER.decode(want)
