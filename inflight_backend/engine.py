@@ -164,10 +164,7 @@ class InflightEngine:
                 return [self.fail(item.request, message) for item in sched.scheduled]
             modelled = time.perf_counter()
             sampled = [item.request for item in sched.scheduled if item.sample]
-            self._mask_end_ids(logits, sampled)
-            for row, request in enumerate(sampled):
-                if request.params.penalized:
-                    apply_penalties(logits[row], request.prompt_ids, request.output_ids, request.params)
+            self._apply_logit_rules(logits, sampled)
             token_ids, failed = self.sampler.sample(logits, [r.req_id for r in sampled], [r.params for r in sampled])
             now = time.monotonic()
             bad = {sampled[row].req_id: why for row, why in failed.items()} if failed else None
@@ -177,11 +174,14 @@ class InflightEngine:
         self.stats.record(sched, self.scheduler, (start, scheduled, modelled, time.perf_counter()))
         return outputs
 
-    def _mask_end_ids(self, logits, sampled: list[Request]) -> None:
-        """Below its min_tokens a request cannot end: its end ids get -inf logits (transformers'
-        MinNewTokensLengthLogitsProcessor, vLLM's min_tokens, TensorRT-LLM's min_length)."""
+    def _apply_logit_rules(self, logits, sampled: list[Request]) -> None:
+        """One pass over the sampled rows: penalties where a request asks for them, and below its min_tokens a
+        request cannot end: its end ids get -inf logits (transformers' MinNewTokensLengthLogitsProcessor, vLLM's
+        min_tokens, TensorRT-LLM's min_length)."""
         rows, ids = [], []
         for row, request in enumerate(sampled):
+            if request.params.penalized:
+                apply_penalties(logits[row], request.prompt_ids, request.output_ids, request.params)
             if len(request.output_ids) < request.params.min_tokens:
                 ends = (request.params.end_id,) if request.params.end_id is not None else self.eos_ids
                 rows += [row] * len(ends)

@@ -174,8 +174,9 @@ _PR_SET_PDEATHSIG = 1
 class TritonServer:
     """A tritonserver process serving `model_repository` on `host` (loopback by default).
 
-    Safe defaults: the process and its Python stubs create files readable by their user only (umask 077, which
-    covers the stubs' shared memory under /dev/shm); the `restricted_apis` answer only requests that carry the
+    Safe defaults: the process and its Python stubs create files readable by their user only (umask 077; the
+    stubs' shared memory under /dev/shm, which python_backend makes 0644 regardless, is made 0600 once the server
+    is ready); the `restricted_apis` answer only requests that carry the
     header `inflight-admin-key: <admin_key>` (a random key when none is given); tritonserver gets SIGTERM if
     the process that started it dies. `stop()` drains first: the models end every open stream, then the server
     exits."""
