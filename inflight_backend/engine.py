@@ -9,6 +9,8 @@ import itertools
 import time
 from dataclasses import dataclass, replace
 
+import torch
+
 from .block_manager import BlockManager, blocks_for
 from .checkpoint import load_config, load_tokenizer
 from .config import EngineConfig
@@ -35,10 +37,22 @@ class RequestOutput:
     error: str | None = None
     token_time: float = 0.0  # time.monotonic() when this output's tokens were sampled
     times: RequestTimes | None = None  # on the final output
+    token_info: TokenInfo | None = None  # what the request asked to know about this output's token
+    cum_logprob: float | None = None  # on the final output, when log-probabilities were asked for
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """One generated token's log-probabilities (of the model's raw logits: before penalties, masks and the
+    temperature) and, when asked, its raw logits."""
+
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()  # the k most likely tokens and their log-probabilities
+    logits: object = None  # numpy float32 [vocab]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,28 +178,37 @@ class InflightEngine:
                 return [self.fail(item.request, message) for item in sched.scheduled]
             modelled = time.perf_counter()
             sampled = [item.request for item in sched.scheduled if item.sample]
+            raw = {row: logits[row].float().clone() for row, r in enumerate(sampled) if r.params.needs_raw_logits}
             self._apply_logit_rules(logits, sampled)
             token_ids, failed = self.sampler.sample(logits, [r.req_id for r in sampled], [r.params for r in sampled])
             now = time.monotonic()
             bad = {sampled[row].req_id: why for row, why in failed.items()} if failed else None
+            infos = {sampled[row].req_id: _token_info(values, token_ids[row], sampled[row].params)
+                     for row, values in raw.items() if bad is None or row not in failed} if raw else None
             for request in self.scheduler.update(sched, token_ids):
-                outputs.append(self._postprocess(request, now) if bad is None or request.req_id not in bad
+                outputs.append(self._postprocess(request, now, infos) if bad is None or request.req_id not in bad
                                else self._fail_sampled(request, bad[request.req_id]))
         self.stats.record(sched, self.scheduler, (start, scheduled, modelled, time.perf_counter()))
         return outputs
 
     def _apply_logit_rules(self, logits, sampled: list[Request]) -> None:
-        """One pass over the sampled rows: penalties where a request asks for them, and below its min_tokens a
+        """One pass over the sampled rows: penalties where a request asks for them; below its min_tokens a
         request cannot end: its end ids get -inf logits (transformers' MinNewTokensLengthLogitsProcessor, vLLM's
-        min_tokens, TensorRT-LLM's min_length)."""
+        min_tokens, TensorRT-LLM's min_length); a bad word's last token gets -inf where it would complete the
+        word (transformers' NoBadWordsLogitsProcessor, over prompt and output)."""
         rows, ids = [], []
         for row, request in enumerate(sampled):
-            if request.params.penalized:
-                apply_penalties(logits[row], request.prompt_ids, request.output_ids, request.params)
-            if len(request.output_ids) < request.params.min_tokens:
-                ends = (request.params.end_id,) if request.params.end_id is not None else self.eos_ids
+            p = request.params
+            if p.penalized:
+                apply_penalties(logits[row], request.prompt_ids, request.output_ids, p)
+            if len(request.output_ids) < p.min_tokens:
+                ends = (p.end_id,) if p.end_id is not None else self.eos_ids
                 rows += [row] * len(ends)
                 ids += ends
+            if p.bad_token_seqs:
+                banned = banned_tokens(request, p.bad_token_seqs)
+                rows += [row] * len(banned)
+                ids += banned
         if rows:
             mask_logits(logits, rows, ids)
 
@@ -204,12 +227,19 @@ class InflightEngine:
         request.output_ids.pop()  # the placeholder the scheduler appended for the row that could not be sampled
         return self.fail(request, message)
 
-    def _postprocess(self, request: Request, now: float) -> RequestOutput:
+    def _postprocess(self, request: Request, now: float, infos: dict[str, TokenInfo] | None) -> RequestOutput:
         """The new token's text and whether the request ends; a failure here ends this request alone."""
         try:
-            return self._advance(request, now)
+            output = self._advance(request, now)
         except Exception as exc:
             return self.fail(request, f"processing the output failed: {type(exc).__name__}: {exc}")
+        if infos is not None and (info := infos.get(request.req_id)) is not None:
+            output.token_info = info
+            if info.logprob is not None:
+                request.cum_logprob += info.logprob
+                if output.finished:
+                    output.cum_logprob = request.cum_logprob
+        return output
 
     def _advance(self, request: Request, now: float) -> RequestOutput:
         if request.first_token_time is None:
@@ -219,14 +249,17 @@ class InflightEngine:
         detok = self._detokenizers[request.req_id]
         text = detok.add(token)
         p = request.params
-        if len(request.output_ids) >= p.min_tokens and self._stops(token, text, detok.text, p):
+        if len(request.output_ids) >= p.min_tokens and self._stops(request, token, text, detok.text):
             return self._finish(request, RequestStatus.FINISHED_STOPPED, [token], text)
         if len(request.output_ids) >= p.max_tokens:
             return self._finish(request, RequestStatus.FINISHED_LENGTH, [token], text)
         return RequestOutput(request.req_id, [token], text, token_time=now)
 
-    def _stops(self, token: int, delta: str, text: str, p: SamplingParams) -> bool:
+    def _stops(self, request: Request, token: int, delta: str, text: str) -> bool:
+        p = request.params
         if (token == p.end_id) if p.end_id is not None else (token in self.eos_ids):
+            return True
+        if p.stop_token_seqs and any(ends_with(request.output_ids, seq) for seq in p.stop_token_seqs):
             return True
         return bool(delta) and any(w in text[-(len(w) + len(delta)):] for w in p.stop_words)
 
@@ -241,6 +274,41 @@ class InflightEngine:
                              request.last_token_time, time.monotonic())
         return RequestOutput(request.req_id, token_ids, text, status.finish_reason, request.num_prompt_tokens,
                              len(request.output_ids), token_time=request.last_token_time or 0.0, times=times)
+
+
+def ends_with(tokens: list[int], seq: tuple[int, ...]) -> bool:
+    return len(tokens) >= len(seq) and tuple(tokens[-len(seq):]) == seq
+
+
+def banned_tokens(request: Request, seqs: tuple[tuple[int, ...], ...]) -> list[int]:
+    """The last token of every bad word whose other tokens end the request's tokens so far."""
+    out = []
+    for seq in seqs:
+        head = seq[:-1]
+        if not head or _tail_equals(request, head):
+            out.append(seq[-1])
+    return out
+
+
+def _tail_equals(request: Request, head: tuple[int, ...]) -> bool:
+    n, outs = len(head), request.output_ids
+    if len(outs) >= n:
+        return tuple(outs[-n:]) == head
+    return request.num_tokens >= n and tuple(request.prompt_ids[len(request.prompt_ids) - (n - len(outs)):]
+                                             + outs) == head
+
+
+def _token_info(raw, token: int, p: SamplingParams) -> TokenInfo:
+    """Log-probabilities of one row of raw logits (fp32 log_softmax, as transformers' scores)."""
+    logits = raw.cpu().numpy() if p.return_generation_logits else None
+    if p.logprobs is None:
+        return TokenInfo(logits=logits)
+    logprobs = torch.log_softmax(raw, dim=-1)
+    top: tuple[tuple[int, float], ...] = ()
+    if p.logprobs:
+        values, ids = torch.topk(logprobs, min(p.logprobs, logprobs.numel()))
+        top = tuple(zip(ids.tolist(), values.tolist()))
+    return TokenInfo(float(logprobs[token]), top, logits)
 
 
 def _make_runner(config: EngineConfig, num_blocks: int) -> ModelRunner:

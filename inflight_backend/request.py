@@ -47,10 +47,20 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # transformers' / TensorRT-LLM's: over prompt and output tokens
     presence_penalty: float = 0.0  # vLLM's / OpenAI's: over output tokens
     frequency_penalty: float = 0.0
+    stop_token_seqs: tuple[tuple[int, ...], ...] = ()  # generated token sequences that end the request
+    bad_token_seqs: tuple[tuple[int, ...], ...] = ()  # never completed (transformers' NoBadWordsLogitsProcessor)
+    logprobs: int | None = None  # None: none; k >= 0: each token's log-probability and the k most likely ones
+    return_generation_logits: bool = False  # each generated token's raw logits (vocab floats, fp32)
+    return_context_logits: bool = False  # the prompt's logits (one row per prompt token), on the first output
 
     @property
     def penalized(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def needs_raw_logits(self) -> bool:
+        """Whether the engine keeps anything of this request's logits before penalties and masks change them."""
+        return self.logprobs is not None or self.return_generation_logits
 
     @property
     def greedy(self) -> bool:
@@ -101,6 +111,7 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
+    cum_logprob: float = 0.0  # of the sampled tokens, when the request asked for log-probabilities
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -41,14 +41,26 @@ class Oracle:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, min_new_tokens: int = 0,
-                 repetition_penalty: float = 1.0) -> list[int]:
+                 repetition_penalty: float = 1.0, bad_words_ids: list[list[int]] | None = None) -> list[int]:
         ids = torch.tensor([prompt_ids])
         out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                   min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
-                                  do_sample=False, pad_token_id=0)
+                                  bad_words_ids=bad_words_ids, do_sample=False, pad_token_id=0)
         generated = out[0, len(prompt_ids):].tolist()
         eos = self.model.config.eos_token_id
         return generated[: generated.index(eos) + 1] if eos in generated else generated
+
+
+    @torch.inference_mode()
+    def logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+        """log_softmax of the raw logits that chose each of `output_ids` after `prompt_ids`: [len(output), vocab]."""
+        logits = self.model(torch.tensor([prompt_ids + output_ids])).logits[0].float()
+        return torch.log_softmax(logits[len(prompt_ids) - 1: len(prompt_ids) + len(output_ids) - 1], dim=-1)
+
+    @torch.inference_mode()
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        """The raw logits at every position of `ids`: [len(ids), vocab]."""
+        return self.model(torch.tensor([ids])).logits[0].float()
 
 
 @pytest.fixture(scope="session")

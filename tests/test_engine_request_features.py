@@ -1,0 +1,122 @@
+"""Request features checked against transformers on the same weights: bad words, stop token sequences,
+log-probabilities and raw logits, in a batch of requests that arrive at different steps."""
+import pytest
+import torch
+
+from inflight_backend.config import EngineConfig
+from inflight_backend.engine import InflightEngine
+from inflight_backend.request import SamplingParams
+from tests.conftest import Oracle
+
+EOS = 257
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_model):
+    return Oracle(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def long_cases(oracle, oracle_cases):
+    """Cases whose greedy continuation runs at least 12 tokens without EOS, with that continuation."""
+    cases = []
+    for ids, _ in oracle_cases:
+        out = oracle.generate(ids, 16)
+        if len(out) >= 12 and EOS not in out:
+            cases.append((ids, out))
+    assert len(cases) >= 4, "too few oracle cases run 12 tokens"
+    return cases
+
+
+def run_batch(engine, requests, stagger=2):
+    """requests: [(prompt_ids, SamplingParams)]; request i joins at step i * stagger. Returns {i: [outputs]}."""
+    got = {i: [] for i in range(len(requests))}
+    step = 0
+    while step < len(requests) * stagger or engine.has_unfinished():
+        if step % stagger == 0 and step // stagger < len(requests):
+            i = step // stagger
+            engine.add_request(str(i), *requests[i])
+        for out in engine.step():
+            got[int(out.req_id)].append(out)
+        step += 1
+    return got
+
+
+def tokens(outputs):
+    return [t for out in outputs for t in out.token_ids]
+
+
+def test_bad_words_match_transformers_no_bad_words_processor(tiny_model, oracle, long_cases):
+    """A single-token bad word is never generated; a two-token one never completes (its first token may be)."""
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256))
+    requests, bad = [], []
+    for ids, out in long_cases:
+        words = [[out[2]], [out[5], out[6]]]
+        bad.append(words)
+        requests.append((ids, SamplingParams(max_tokens=16, bad_token_seqs=tuple(map(tuple, words)))))
+    got = run_batch(engine, requests)
+    changed = 0
+    for i, ((ids, out), words) in enumerate(zip(long_cases, bad)):
+        want = oracle.generate(ids, 16, bad_words_ids=words)
+        assert tokens(got[i]) == want
+        assert out[2] not in want
+        changed += want != out
+    assert changed == len(long_cases)
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_stop_token_sequences_end_the_request_after_the_sequence(tiny_model, long_cases):
+    """A one-token and a multi-token stop sequence taken from the greedy continuation: the output is that
+    continuation cut right after the sequence's first occurrence; finish reason stop."""
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256))
+    requests, wants = [], []
+    for k, (ids, out) in enumerate(long_cases):
+        seq = (out[7],) if k % 2 else (out[4], out[5], out[6])
+        first = next(j for j in range(len(out)) if tuple(out[j:j + len(seq)]) == seq)
+        wants.append(out[:first + len(seq)])
+        requests.append((ids, SamplingParams(max_tokens=16, stop_token_seqs=(seq, (999_999, 3)))))
+    got = run_batch(engine, requests)
+    for i, want in enumerate(wants):
+        assert tokens(got[i]) == want
+        assert got[i][-1].finish_reason == "stop"
+
+
+def test_stop_sequences_wait_for_min_tokens(tiny_model, long_cases):
+    ids, out = long_cases[0]
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256))
+    got = run_batch(engine, [(ids, SamplingParams(max_tokens=16, stop_token_seqs=((out[1],),), min_tokens=10))])
+    assert tokens(got[0]) == out[:10 + out[10:].index(out[1]) + 1] if out[1] in out[10:] else out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_logprobs_equal_log_softmax_of_transformers_logits(tiny_model, oracle, oracle_cases, temperature):
+    """Every generated token's log-probability, its top-5 and its raw logits equal transformers' on the same
+    prompt + output, within 1e-4, greedy and sampled (log-probabilities of the raw logits, before the temperature);
+    the final output's cum_logprob is their sum. Penalties do not change them."""
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256, max_batch_size=8))
+    requests = [(ids, SamplingParams(max_tokens=min(n, 20), temperature=temperature, seed=i, logprobs=5,
+                                     return_generation_logits=True, repetition_penalty=1.2 if i % 2 else 1.0))
+                for i, (ids, n) in enumerate(oracle_cases[:8])]
+    got = run_batch(engine, requests)
+    for i, (ids, _) in enumerate(requests):
+        outs = got[i]
+        generated = tokens(outs)
+        want = oracle.logprobs(ids, generated)
+        mine = torch.tensor([out.token_info.logprob for out in outs])
+        chosen = want[torch.arange(len(generated)), torch.tensor(generated)]
+        assert torch.allclose(mine, chosen, atol=1e-4)
+        for row, out in enumerate(outs):
+            top_ids = [t for t, _ in out.token_info.top]
+            values, expected_ids = torch.topk(want[row], 5)
+            assert torch.allclose(torch.tensor([v for _, v in out.token_info.top]), values, atol=1e-4)
+            assert set(top_ids) == set(expected_ids.tolist()) or len(set(values.tolist())) < 5
+            logits = oracle.logits(ids + generated)[len(ids) - 1 + row]
+            assert torch.allclose(torch.from_numpy(out.token_info.logits), logits, atol=1e-4)
+        assert outs[-1].cum_logprob == pytest.approx(float(mine.sum()), abs=1e-4)
+
+
+def test_no_logprobs_unless_asked(tiny_model, oracle_cases):
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256))
+    ids, n = oracle_cases[0]
+    got = run_batch(engine, [(ids, SamplingParams(max_tokens=4))])
+    assert all(out.token_info is None and out.cum_logprob is None for out in got[0])
