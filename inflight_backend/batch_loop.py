@@ -1,8 +1,9 @@
 """The in-flight batch manager's threads: one runs engine steps back to back, one delivers their outputs.
 
 Other threads talk to the engine only through a command queue (submit, cancel), applied between steps, so
-the engine itself stays single-threaded and a step never sees its blocks freed under it. Outputs go to a
-second thread, so sending responses never delays the next step.
+the engine itself stays single-threaded and a step never sees its blocks freed under it, and through the few
+pure calls below (tokenize, validate, describe), which read nothing a step changes. Outputs go to a second
+thread, so sending responses never delays the next step.
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import time
 import traceback
 from typing import Callable
 
+from .block_manager import blocks_for
 from .engine import InflightEngine, RequestError, RequestOutput
-from .request import SamplingParams, ServerStopping
+from .request import PromptLimits, SamplingParams, ServerStopping
 from .stats import EngineStats
 
 Emit = Callable[[list[RequestOutput], EngineStats], None]
@@ -41,6 +43,31 @@ class BatchLoop:
                          threading.Thread(target=self._run_responder, name="inflight-responder", daemon=True)]
         for thread in self._threads:
             thread.start()
+
+    # Pure calls, safe from any thread (the tokenizer and the engine's configuration, never its state).
+    def encode(self, text: str) -> list[int]:
+        return self.engine.encode(text)
+
+    def encode_word(self, word: str) -> list[int]:
+        """A bad or stop word's tokens, without special tokens (as TensorRT-LLM's preprocessing)."""
+        return self.engine.tokenizer.encode(word, add_special_tokens=False).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.engine.tokenizer.decode(token_ids)
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.engine.validate(prompt_ids, params)
+
+    def prompt_limits(self) -> PromptLimits:
+        return self.engine.prompt_limits()
+
+    def describe(self) -> str:
+        engine = self.engine
+        return (f"{engine.blocks.num_blocks} KV blocks of {engine.blocks.block_size} tokens, "
+                f"engine: {engine.runner.describe()}")
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return blocks_for(num_tokens, self.engine.blocks.block_size)
 
     def submit(self, req_id: str, prompt_ids: list[int], params: SamplingParams, priority: int = 0,
                arrival_time: float | None = None) -> None:

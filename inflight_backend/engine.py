@@ -16,9 +16,8 @@ from .checkpoint import load_config, load_tokenizer
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer, special_ids
 from .engines.base import ModelRunner
-from .protocol import PromptLimits
 from .request import RequestError  # noqa: F401 (re-exported: callers catch it from here too)
-from .request import PromptTooLarge, Request, RequestStatus, SamplingParams
+from .request import PromptLimits, PromptTooLarge, Request, RequestStatus, SamplingParams
 from .sampler import Sampler, apply_penalties, mask_logits
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineStats
@@ -38,7 +37,7 @@ class RequestOutput:
     token_time: float = 0.0  # time.monotonic() when this output's tokens were sampled
     times: RequestTimes | None = None  # on the final output
     token_info: TokenInfo | None = None  # what the request asked to know about this output's token
-    cum_logprob: float | None = None  # on the final output, when log-probabilities were asked for
+    stop_reason: str | None = None  # the stop string or token id that ended it (None: EOS, or not stopped)
 
     @property
     def finished(self) -> bool:
@@ -88,6 +87,8 @@ class InflightEngine:
         self._requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._special_ids = special_ids(self.tokenizer)
+        self._unsent: dict[str, int] = {}  # requests that cut stop strings: how much of their text went out
+        self._hold: dict[str, int] = {}  # and how many characters they hold back (the longest stop string's, -1)
         self._seeds = itertools.count(config.seed * 1_000_003)
 
     @property
@@ -138,8 +139,11 @@ class InflightEngine:
         if n > self.config.max_num_tokens and not self.config.enable_chunked_prefill:
             raise RequestError(f"prompt ({n} tokens) exceeds max_num_tokens ({self.config.max_num_tokens}) "
                                "and chunked prefill is off")
-        if params.end_id is not None and not 0 <= params.end_id < self.runner.vocab_size:
-            raise RequestError(f"end_id {params.end_id} is outside the vocabulary")
+        if params.end_id is not None and not -1 <= params.end_id < self.runner.vocab_size:
+            raise RequestError(f"end_id {params.end_id} is outside the vocabulary (-1: no end token)")
+        for name, seqs in (("stop_words_list", params.stop_token_seqs), ("bad_words_list", params.bad_token_seqs)):
+            if any(not 0 <= t < self.runner.vocab_size for seq in seqs for t in seq):
+                raise RequestError(f"{name}: a token id is outside the vocabulary [0, {self.runner.vocab_size})")
 
     def add_request(self, req_id: str, prompt_ids: list[int], params: SamplingParams, priority: int = 0,
                     arrival_time: float | None = None) -> None:
@@ -153,6 +157,9 @@ class InflightEngine:
             request.arrival_time = arrival_time
         self._requests[req_id] = request
         self._detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer, self._special_ids)
+        if params.stop_words and not params.include_stop_str_in_output:
+            self._unsent[req_id] = 0
+            self._hold[req_id] = max(len(w) for w in params.stop_words) - 1
         self.scheduler.add(request)
 
     def abort(self, req_id: str, status: RequestStatus = RequestStatus.FINISHED_CANCELLED) -> RequestOutput | None:
@@ -203,6 +210,7 @@ class InflightEngine:
                 apply_penalties(logits[row], request.prompt_ids, request.output_ids, p)
             if len(request.output_ids) < p.min_tokens:
                 ends = (p.end_id,) if p.end_id is not None else self.eos_ids
+                ends = () if p.end_id == -1 else ends
                 rows += [row] * len(ends)
                 ids += ends
             if p.bad_token_seqs:
@@ -233,12 +241,8 @@ class InflightEngine:
             output = self._advance(request, now)
         except Exception as exc:
             return self.fail(request, f"processing the output failed: {type(exc).__name__}: {exc}")
-        if infos is not None and (info := infos.get(request.req_id)) is not None:
-            output.token_info = info
-            if info.logprob is not None:
-                request.cum_logprob += info.logprob
-                if output.finished:
-                    output.cum_logprob = request.cum_logprob
+        if infos is not None:
+            output.token_info = infos.get(request.req_id)
         return output
 
     def _advance(self, request: Request, now: float) -> RequestOutput:
@@ -249,26 +253,56 @@ class InflightEngine:
         detok = self._detokenizers[request.req_id]
         text = detok.add(token)
         p = request.params
-        if len(request.output_ids) >= p.min_tokens and self._stops(request, token, text, detok.text):
-            return self._finish(request, RequestStatus.FINISHED_STOPPED, [token], text)
+        held = request.req_id in self._unsent
+        stop = self._stop(request, token, text, detok.text) if len(request.output_ids) >= p.min_tokens else None
+        if held:  # the text that could begin a stop string waits until it cannot
+            text = self._release(request.req_id, detok.text, stop and stop[0])
+        if stop is not None:
+            output = self._finish(request, RequestStatus.FINISHED_STOPPED, [token], text,
+                                  flush=stop[0] < 0 or not held)
+            output.stop_reason = stop[1]
+            return output
         if len(request.output_ids) >= p.max_tokens:
             return self._finish(request, RequestStatus.FINISHED_LENGTH, [token], text)
         return RequestOutput(request.req_id, [token], text, token_time=now)
 
-    def _stops(self, request: Request, token: int, delta: str, text: str) -> bool:
+    def _stop(self, request: Request, token: int, delta: str, text: str) -> tuple[int, str | None] | None:
+        """None: go on. Else (where, why): where -1 for a token, or the index in `text` where a stop string
+        starts; why: the stop string or token id (None for the end token)."""
         p = request.params
         if (token == p.end_id) if p.end_id is not None else (token in self.eos_ids):
-            return True
+            return -1, None
         if p.stop_token_seqs and any(ends_with(request.output_ids, seq) for seq in p.stop_token_seqs):
-            return True
-        return bool(delta) and any(w in text[-(len(w) + len(delta)):] for w in p.stop_words)
+            return -1, str(token)
+        if delta and p.stop_words:
+            window = max(len(text) - max(len(w) for w in p.stop_words) - len(delta), 0)
+            found = [(k, w) for w in p.stop_words if (k := text.find(w, window)) >= 0]
+            if found:
+                return min(found)
+        return None
 
-    def _finish(self, request: Request, status: RequestStatus, token_ids: list[int], text: str) -> RequestOutput:
+    def _release(self, req_id: str, text: str, stop: int | None) -> str:
+        # stop: None (go on), -1 (stopped by a token: all text goes) or where the stop string starts
+        """For a request whose stop strings are cut from its output: the text that can go out now."""
+        sent = self._unsent[req_id]
+        if stop is None:
+            end = max(len(text) - self._hold[req_id], sent)
+        else:
+            end = len(text) if stop < 0 else stop
+        self._unsent[req_id] = end
+        return text[sent:end]
+
+    def _finish(self, request: Request, status: RequestStatus, token_ids: list[int], text: str,
+                flush: bool = True) -> RequestOutput:
         self.scheduler.finish(request, status)
         self.sampler.forget(request.req_id)
         del self._requests[request.req_id]
         detokenizer = self._detokenizers.pop(request.req_id)
-        if status != RequestStatus.FINISHED_ERROR:  # an error's text is not sent (and its detokenizer may be why)
+        self._hold.pop(request.req_id, None)
+        unsent = self._unsent.pop(request.req_id, None)
+        if status == RequestStatus.FINISHED_LENGTH and unsent is not None:  # no stop string came: all of it goes
+            text += detokenizer.text[unsent:]
+        if status != RequestStatus.FINISHED_ERROR and flush:  # an error's text is not sent (nor after a cut)
             text += detokenizer.flush()
         times = RequestTimes(request.arrival_time, request.first_scheduled_time, request.first_token_time,
                              request.last_token_time, time.monotonic())

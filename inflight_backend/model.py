@@ -1,7 +1,10 @@
 """Triton entry point: the `inflight` Python-based backend (decoupled).
 
-Thin by design: `execute()` parses each request, registers its response sender and hands it to the batch
-loop; the loop's responder thread turns engine outputs into streamed responses. No scheduling or tensors here.
+Thin by design: `execute()` parses each request (a call: B rows in TensorRT-LLM's batched layout, each with
+num_return_sequences sequences), registers its response sender and hands every sequence to the batch loop; the
+loop's responder thread turns engine outputs into responses (`responses.py` builds the tensors). Decoupled
+models stream; a non-decoupled one (unary calls) answers each call once, when all its sequences are done, and
+its execute() still returns at once, so concurrent unary calls share iterations. No scheduling here.
 """
 from __future__ import annotations
 
@@ -12,18 +15,17 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from inflight_backend import protocol, vllm_protocol
+from inflight_backend import protocol, responses, trtllm_layout, vllm_protocol
 from inflight_backend.batch_loop import BatchLoop
 from inflight_backend.cancel_watcher import CancelWatcher
 from inflight_backend.config import EngineConfig
-from inflight_backend.engine import InflightEngine, RequestOutput, RequestTimes
+from inflight_backend.engine import InflightEngine, RequestOutput
 from inflight_backend.metrics import TritonMetrics
 from inflight_backend.request import QueueFull, RequestError, ServerStopping
 from inflight_backend.stats import EngineStats
@@ -34,48 +36,72 @@ _TRACE_CANCELS = os.environ.get("INFLIGHT_TRACE_CANCELS") == "1"  # one stderr l
 _METRICS_INTERVAL_S = 0.2  # each metric update is an IPC round trip: publish stats at most this often
 
 
-@dataclass(slots=True)
-class _Stream:
-    """One open request: where its responses go and, when not streaming, what has accumulated."""
+@dataclass(slots=True, eq=False)
+class _Call:
+    """One Triton request: its sender and its sequences (B rows x num_return_sequences) still running."""
 
+    key: str
     sender: object
     stream: bool
+    unary: bool  # a non-decoupled model: exactly one response, holding every sequence
+    batched: bool  # TensorRT-LLM's layout: responses keep the batch and beam axes
+    outputs: frozenset[str] | None  # the outputs the client asked for; None: all of them
+    open: set[str] = field(default_factory=set)  # its sequences' ids not finished yet
+    parts: list = field(default_factory=list)  # unary: each finished sequence's tensors
+    error: str | None = None  # unary: the first sequence error (the one response carries it)
+    pad_id: int = 0
+    closed: bool = False  # its FINAL is about to go or went: never ask is_cancelled() again (see _asks_cancelled)
+
+
+@dataclass(slots=True, eq=False)
+class _Sequence:
+    """One engine request of a call: where its outputs go and, when not streaming, what has accumulated."""
+
+    call: _Call
+    batch_index: int
+    sequence_index: int
     prefix_text: str  # prompt text prepended to a non-streamed output (exclude_input_in_output=false)
     prefix_ids: list[int]
     arrival: float  # time.monotonic() when execute() received it
+    returns: frozenset[str]
     return_perf_metrics: bool
-    outputs: frozenset[str] | None  # the outputs the client asked for; None: all of them
     texts: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    top: list | None = None
+    logits: list | None = None
+    cum_logprob: float = 0.0
     first_token_seen: bool = False
-    closed: bool = False  # its FINAL is about to go or went: never ask is_cancelled() again (see _asks_cancelled)
 
 
 class TritonPythonModel:
     @staticmethod
     def auto_complete_config(config):
-        """Force decoupled mode and max_batch_size 0; declare every input/output the protocol defines."""
+        """Declare every input/output the protocol defines. `max_batch_size` 0 (the default) is this backend's
+        layout; above 0, TensorRT-LLM's batched one. `decoupled: false` serves unary calls (ModelInfer)."""
         declared = config.as_dict()
         have_inputs = {i["name"] for i in declared.get("input", [])}
         have_outputs = {o["name"] for o in declared.get("output", [])}
         for name, (dtype, dims) in protocol.all_inputs().items():
             if name not in have_inputs:
                 config.add_input({"name": name, "data_type": dtype, "dims": dims, "optional": True})
-        for name, (dtype, dims) in {**protocol.OUTPUTS, **protocol.PERF_OUTPUTS}.items():
+        for name, (dtype, dims) in protocol.all_outputs().items():
             if name not in have_outputs:
                 config.add_output({"name": name, "data_type": dtype, "dims": dims})
-        config.set_max_batch_size(0)
-        config.set_model_transaction_policy({"decoupled": True})
         return config
 
     def initialize(self, args):
         model_config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         self.config = EngineConfig.from_parameters(params, base_dir=args["model_repository"])
-        self.engine = InflightEngine(self.config)
-        self.limits = self.engine.prompt_limits()
+        self.batched = model_config.get("max_batch_size", 0) > 0
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
+        if model_config.get("dynamic_batching") is not None:
+            raise pb_utils.TritonModelException("inflight: remove dynamic_batching from config.pbtxt: the backend "
+                                                "batches every iteration itself")
         self.metrics = TritonMetrics(pb_utils, args["model_name"])
-        self._streams: dict[str, _Stream] = {}
+        self._sequences: dict[str, _Sequence] = {}
+        self._calls: dict[str, _Call] = {}
         self._lock = threading.Lock()
         self._final_lock = threading.Lock()  # between a FINAL and an is_cancelled() on the same sender
         self._ids = itertools.count()
@@ -85,13 +111,15 @@ class TritonPythonModel:
         self._rejected: Counter[str] = Counter()  # by reason, since the last publish (execute's thread adds)
         self._stop_signal = StopSignal.from_environment()
         self._stopping: str | None = None  # once set: the message every open and new request ends with
-        self.loop = BatchLoop(self.engine, self._emit, on_idle=self._on_idle)
-        self._watcher = CancelWatcher(self._open_senders, self.loop.cancel, self._check_stop,
+        self.loop = BatchLoop(InflightEngine(self.config), self._emit, on_idle=self._on_idle)
+        self.limits = self.loop.prompt_limits()
+        self._watcher = CancelWatcher(self._open_senders, self._cancel_call, self._check_stop,
                                       self.config.cancel_check_interval_ms / 1000.0)
+        layout = "TensorRT-LLM batched" if self.batched else "unbatched"
         pb_utils.Logger.log_info(
-            f"inflight: model {args['model_name']} ready: {self.config} on {self.config.resolved_device()}, "
-            f"{self.engine.blocks.num_blocks} KV blocks of {self.config.block_size} tokens, "
-            f"engine: {self.engine.runner.describe()}; prompts up to {self.limits.max_bytes} bytes and "
+            f"inflight: model {args['model_name']} ready ({layout} layout, "
+            f"{'decoupled' if self.decoupled else 'unary'}): {self.config} on {self.config.resolved_device()}, "
+            f"{self.loop.describe()}; prompts up to {self.limits.max_bytes} bytes and "
             f"{self.limits.max_tokens} tokens")
 
     def execute(self, requests):
@@ -110,13 +138,7 @@ class TritonPythonModel:
         arrival = time.monotonic()
         sender = request.get_response_sender()
         try:
-            if self._stopping is not None:
-                raise ServerStopping(self._stopping)
-            sampling = _sampling_parameters(request)
-            parsed = protocol.parse_request(lambda name: _input(request, name), self.engine.encode,
-                                            self.config.default_max_tokens, self.limits, sampling)
-            self.engine.validate(parsed.prompt_ids, parsed.params)
-            self._check_queue()
+            rows = self._parse(request)
         except Exception as exc:  # anything unforeseen still ends this request alone, with FINAL
             reason = exc.reason if isinstance(exc, RequestError) else "invalid"
             message = str(exc) if isinstance(exc, RequestError) else f"invalid request: {type(exc).__name__}: {exc}"
@@ -124,25 +146,63 @@ class TritonPythonModel:
                 self._rejected[reason] += 1
             _send_error(sender, message)
             return
-        req_id = str(next(self._ids))
-        keep_input = not parsed.stream and not parsed.exclude_input_in_output
-        prefix_text = (parsed.prompt_text or self.engine.tokenizer.decode(parsed.prompt_ids)) if keep_input else ""
+        call = _Call(str(next(self._ids)), sender, rows[0].stream, not self.decoupled, self.batched,
+                     _requested(request), pad_id=rows[0].pad_id)
+        submits = []
+        for b, parsed in enumerate(rows):
+            keep_input = not parsed.stream and not parsed.exclude_input_in_output
+            prefix_text = (parsed.prompt_text or self.loop.decode(parsed.prompt_ids)) if keep_input else ""
+            for s in range(parsed.num_return_sequences):
+                req_id = str(next(self._ids))
+                params = parsed.params
+                if s and params.seed is not None:  # sequence s: the same request alone with seed + s
+                    params = replace(params, seed=params.seed + s)
+                call.open.add(req_id)
+                self._sequences[req_id] = _Sequence(call, b, s, prefix_text, parsed.prompt_ids if keep_input else [],
+                                                    arrival, parsed.returns, parsed.return_perf_metrics)
+                submits.append((req_id, parsed.prompt_ids, params, parsed.priority))
         with self._lock:
-            self._streams[req_id] = _Stream(sender, parsed.stream, prefix_text,
-                                            parsed.prompt_ids if keep_input else [], arrival,
-                                            parsed.return_perf_metrics, _requested(request))
-        self.loop.submit(req_id, parsed.prompt_ids, parsed.params, parsed.priority, arrival)
+            self._calls[call.key] = call
+        for req_id, prompt_ids, params, priority in submits:
+            self.loop.submit(req_id, prompt_ids, params, priority, arrival)
+
+    def _parse(self, request) -> list[protocol.ParsedRequest]:
+        """Every row of the request, parsed and validated (one bad row fails the whole request)."""
+        if self._stopping is not None:
+            raise ServerStopping(self._stopping)
+        sampling = _sampling_parameters(request)
+        get = partial(_input, request)
+        getters = trtllm_layout.split_rows(get) if self.batched else [get]
+        rows = [protocol.parse_request(g, self.loop.encode, self.config.default_max_tokens, self.limits, sampling,
+                                       self.loop.encode_word, self.batched) for g in getters]
+        for parsed in rows:
+            if parsed.stream and not self.decoupled:
+                raise RequestError("stream=true needs a decoupled model: this one answers each request once "
+                                   "(use the decoupled model for streaming)")
+            self.loop.validate(parsed.prompt_ids, parsed.params)
+        if "context_logits" in rows[0].returns:
+            raise RequestError("input 'return_context_logits': the prompt's logits are not implemented yet")
+        self._check_queue(sum(r.num_return_sequences for r in rows))
+        return rows
 
     def _open_senders(self) -> list[tuple[str, Callable[[], bool]]]:
         with self._lock:
-            return [(req_id, partial(self._asks_cancelled, stream)) for req_id, stream in self._streams.items()]
+            return [(key, partial(self._asks_cancelled, call)) for key, call in self._calls.items()]
 
-    def _asks_cancelled(self, stream: _Stream) -> bool:
+    def _cancel_call(self, key: str) -> None:
+        """Watcher thread: the client of this call has gone: cancel every sequence of it still running."""
+        with self._lock:
+            call = self._calls.get(key)
+            open_ids = list(call.open) if call is not None else []
+        for req_id in open_ids:
+            self.loop.cancel(req_id)
+
+    def _asks_cancelled(self, call: _Call) -> bool:
         """Watcher thread. python_backend 2.51 frees a request's response factory once its FINAL is sent, and
         is_cancelled() on it afterwards crashes tritonserver (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled):
-        the responder closes a stream under this lock before sending its FINAL, so no ask can overlap it."""
+        the responder closes a call under this lock before sending its FINAL, so no ask can overlap it."""
         with self._final_lock:
-            return not stream.closed and stream.sender.is_cancelled()
+            return not call.closed and call.sender.is_cancelled()
 
     def _check_stop(self) -> None:
         """Watcher thread: once the supervisor asks (or is gone), end every stream and refuse new ones."""
@@ -151,34 +211,40 @@ class TritonPythonModel:
             pb_utils.Logger.log_info("inflight: stop requested: ending every open stream")
             self.loop.drain(self._stopping)
 
-    def _check_queue(self) -> None:
+    def _check_queue(self, adding: int) -> None:
         limit = self.config.max_queue_size
-        if limit and self.loop.queue_depth() >= limit:
+        if limit and self.loop.queue_depth() + adding > limit:
             raise QueueFull(f"queue full: {limit} requests are already waiting (max_queue_size); retry later")
 
     def _emit(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
-        """Responder thread: one response per streamed token; one in all for non-streamed requests.
+        """Responder thread: one response per streamed token; one per sequence for non-streamed requests; one
+        per call for unary ones.
 
-        When these outputs end the last open stream, metrics are published before the responses go out, so a
+        When these outputs end the last open call, metrics are published before the responses go out, so a
         client that has its last final response sees every count in /metrics (tests rely on it)."""
         start = time.perf_counter()
         ready = []
         for out in outputs:
-            stream = self._streams.get(out.req_id)
-            if stream is None:
+            seq = self._sequences.get(out.req_id)
+            if seq is None:
                 continue
+            call, last = seq.call, False
             if out.finished:
-                with self._lock:
-                    del self._streams[out.req_id]
-                with self._final_lock:
-                    stream.closed = True
-            self._observe(stream, out)
-            ready.append((stream, out))
+                del self._sequences[out.req_id]
+                call.open.discard(out.req_id)
+                if not call.open:
+                    last = True
+                    with self._lock:
+                        del self._calls[call.key]
+                    with self._final_lock:
+                        call.closed = True
+            self._observe(seq, out)
+            ready.append((seq, out, last))
         self._unpublished = stats
-        if not self._streams:
+        if not self._calls:
             self._publish_metrics()
-        for stream, out in ready:
-            self._deliver(stream, out)
+        for seq, out, last in ready:
+            self._deliver(seq, out, last)
         self._respond_seconds += time.perf_counter() - start
         if time.monotonic() - self._last_publish >= _METRICS_INTERVAL_S:
             self._publish_metrics()
@@ -197,33 +263,95 @@ class TritonPythonModel:
         self._unpublished, self._respond_seconds = None, 0.0
         self._last_publish = time.monotonic()
 
-    def _deliver(self, stream: _Stream, out: RequestOutput) -> None:
+    def _deliver(self, seq: _Sequence, out: RequestOutput, last: bool) -> None:
+        """`last`: this output ends the call's last open sequence, so its response carries FINAL."""
+        call = seq.call
         if out.error is not None:
-            _send_error(stream.sender, out.error)
-        elif stream.stream:
-            _send(stream.sender, _response(out.text, out.token_ids, out, stream), _FINAL if out.finished else 0)
-        elif out.finished:
-            text = stream.prefix_text + "".join(stream.texts) + out.text
-            ids = stream.prefix_ids + stream.ids + out.token_ids
-            _send(stream.sender, _response(text, ids, out, stream), _FINAL)
+            if call.unary:
+                call.error = call.error or out.error
+                if last:
+                    _send_error(call.sender, call.error)
+            else:
+                _send(call.sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(out.error)),
+                      _FINAL if last else 0)
+            return
+        if call.stream:
+            self._respond(call, [self._tensors(seq, out, out.text, out.token_ids)], last)
+            return
+        self._accumulate(seq, out)
+        if not out.finished:
+            return
+        tensors = self._tensors(seq, out, seq.prefix_text + "".join(seq.texts), seq.prefix_ids + seq.ids,
+                                accumulated=True)
+        if not call.unary:
+            self._respond(call, [tensors], last)
         else:
-            stream.texts.append(out.text)
-            stream.ids += out.token_ids
+            call.parts.append((seq.batch_index, seq.sequence_index, tensors))
+            if last:
+                if call.error is not None:
+                    _send_error(call.sender, call.error)
+                else:
+                    self._respond(call, [t for _, _, t in sorted(call.parts, key=lambda p: p[:2])], True)
 
-    def _observe(self, stream: _Stream, out: RequestOutput) -> None:
-        """Latency histograms, observed once or twice per request (each observation is an IPC round trip)."""
-        if out.token_ids and not stream.first_token_seen:
-            stream.first_token_seen = True
-            self.metrics.observe_first_token(out.token_time - stream.arrival)
+    def _accumulate(self, seq: _Sequence, out: RequestOutput) -> None:
+        seq.texts.append(out.text)
+        seq.ids += out.token_ids
+        info = out.token_info
+        if info is None:
+            return
+        if info.logprob is not None:
+            if seq.logprobs is None:
+                seq.logprobs, seq.top = [], []
+            seq.logprobs.append(info.logprob)
+            seq.top.append(info.top)
+            seq.cum_logprob += info.logprob
+        if info.logits is not None:
+            if seq.logits is None:
+                seq.logits = []
+            seq.logits.append(info.logits)
+
+    def _tensors(self, seq: _Sequence, out: RequestOutput, text: str, ids: list[int], accumulated: bool = False):
+        """This sequence's part of a response (new tokens when streaming, all when not)."""
+        piece = responses.Piece(text, ids, seq.ids if accumulated else ids, seq.batch_index, seq.sequence_index,
+                                final=out if out.finished else None)
+        if seq.returns:
+            if accumulated:
+                piece.logprobs, piece.top, piece.logits = seq.logprobs, seq.top, seq.logits
+            elif (info := out.token_info) is not None:
+                if info.logprob is not None:
+                    piece.logprobs, piece.top = [info.logprob], [info.top]
+                    seq.cum_logprob += info.logprob
+                piece.logits = None if info.logits is None else [info.logits]
+            piece.cum_logprob = seq.cum_logprob
+        blocks = self.loop.blocks_for(out.num_input_tokens + out.num_output_tokens - 1) if out.finished else 0
+        return responses.tensors(piece, seq.returns, seq.return_perf_metrics, seq.call.outputs,
+                                 self._decode_token, blocks)
+
+    def _decode_token(self, token: int) -> str:
+        return self.loop.decode([token])
+
+    def _respond(self, call: _Call, parts: list[dict], final: bool) -> None:
+        tensors = responses.stack(parts, call.pad_id)
+        if not call.batched:
+            tensors = responses.unbatched(tensors)
+        response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in tensors.items()])
+        _send(call.sender, response, _FINAL if final else 0)
+
+    def _observe(self, seq: _Sequence, out: RequestOutput) -> None:
+        """Latency histograms, observed once or twice per sequence (each observation is an IPC round trip)."""
+        if out.token_ids and not seq.first_token_seen:
+            seq.first_token_seen = True
+            self.metrics.observe_first_token(out.token_time - seq.arrival)
         if out.finished:
             per_token, times = None, out.times  # the engine's own first/last token times and token count
             if times is not None and out.num_output_tokens > 1:
                 per_token = (times.last_token - times.first_token) / (out.num_output_tokens - 1)
-            self.metrics.observe_finished(out.finish_reason, time.monotonic() - stream.arrival, per_token)
+            self.metrics.observe_finished(out.finish_reason, time.monotonic() - seq.arrival, per_token)
             # benchmarks/robustness.py reads these lines
             if _TRACE_CANCELS and out.finish_reason == "cancelled" and times is not None:
                 print(f"inflight-trace: cancelled: prompt {out.num_input_tokens} tokens, ended at {times.finished:.6f}",
                       file=sys.stderr, flush=True)
+
 
 def _input(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -243,32 +371,6 @@ def _sampling_parameters(request) -> dict:
 def _requested(request) -> frozenset[str] | None:
     names = request.requested_output_names()
     return frozenset(names) if names else None
-
-
-def _response(text: str, token_ids: list[int], out: RequestOutput, stream: _Stream):
-    """The response tensors, built only for the outputs the client asked for (one response per token: a client
-    that reads output_ids alone skips the text tensor's serialization)."""
-    wanted = stream.outputs
-    tensors = []
-    if wanted is None or "text_output" in wanted:
-        tensors.append(pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)))
-    if wanted is None or "output_ids" in wanted:
-        tensors.append(pb_utils.Tensor("output_ids", np.array(token_ids, dtype=np.int32)))
-    if out.finished:
-        final = {"finish_reason": lambda: np.array([out.finish_reason.encode()], dtype=np.object_),
-                 "num_input_tokens": lambda: np.array([out.num_input_tokens], dtype=np.int32),
-                 "num_output_tokens": lambda: np.array([out.num_output_tokens], dtype=np.int32)}
-        tensors += [pb_utils.Tensor(name, make()) for name, make in final.items() if wanted is None or name in wanted]
-        if stream.return_perf_metrics and out.times is not None:
-            tensors += [t for t in _perf_tensors(out.times) if wanted is None or t.name() in wanted]
-    return pb_utils.InferenceResponse(output_tensors=tensors)
-
-
-def _perf_tensors(times: RequestTimes) -> list:
-    stamps = {"arrival_time_ns": times.arrival, "first_scheduled_time_ns": times.first_scheduled,
-              "first_token_time_ns": times.first_token, "last_token_time_ns": times.last_token}
-    return [pb_utils.Tensor(name, np.array([-1 if t is None else int(t * 1e9)], dtype=np.int64))
-            for name, t in stamps.items()]
 
 
 def _send_error(sender, message: str) -> None:

@@ -1,47 +1,60 @@
 """The Triton-facing protocol: tensor names, types and shapes in and out, and request parsing.
 
-Names follow TensorRT-LLM's ensemble (`text_input`, `max_tokens`, `stream`, ...) so existing clients,
-genai-perf and Triton's OpenAI frontend work; TensorRT-LLM's older names are accepted as aliases.
+Names follow TensorRT-LLM's `ensemble` (`text_input`, `max_tokens`, `stream`, ...); its `tensorrt_llm` model's
+names (`input_ids`, `request_output_len`, `runtime_top_k`, ...) and its LLM-API model's `sampling_param_*` are
+aliases, so existing clients, genai-perf and Triton's OpenAI frontend work. Every input and output name of
+TensorRT-LLM's `tensorrt_llm`, `ensemble` and `tensorrt_llm_bls` models is declared: the ones we implement act; the
+others (`UNSUPPORTED`) pass only at their default and are otherwise an error naming them. `trtllm_layout.py`
+splits a batched request into rows of this layout.
+
 Parsing takes a `get(name) -> numpy array | None` so it runs (and is tested) without Triton.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import math
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from .request import PromptTooLarge, RequestError, SamplingParams
+from .request import PromptLimits, PromptTooLarge, RequestError, SamplingParams
 
 # name: (triton dtype, dims); every input but the prompt is optional.
 INPUTS = {
     "text_input": ("TYPE_STRING", [-1]),
     "input_ids": ("TYPE_INT32", [-1]),
+    "input_lengths": ("TYPE_INT32", [1]),  # must not exceed input_ids' length; the ids past it are padding
     "max_tokens": ("TYPE_INT32", [1]),
     "stream": ("TYPE_BOOL", [1]),
     "temperature": ("TYPE_FP32", [1]),
     "top_k": ("TYPE_INT32", [1]),
     "top_p": ("TYPE_FP32", [1]),
     "seed": ("TYPE_UINT64", [1]),
-    "end_id": ("TYPE_INT32", [1]),
-    "stop_words": ("TYPE_STRING", [-1]),
+    "end_id": ("TYPE_INT32", [1]),  # -1: no end token (TensorRT-LLM's meaning)
+    "pad_id": ("TYPE_INT32", [1]),  # pads output_ids where rows of one response differ in length
+    "stop_words": ("TYPE_STRING", [-1]),  # matched on the text
+    "stop_words_list": ("TYPE_INT32", [2, -1]),  # TensorRT-LLM's token sequences: [flat ids, end offsets]
+    "bad_words": ("TYPE_STRING", [-1]),  # tokenized without special tokens, as TensorRT-LLM's preprocessing
+    "bad_words_list": ("TYPE_INT32", [2, -1]),
     "exclude_input_in_output": ("TYPE_BOOL", [1]),
     "min_tokens": ("TYPE_INT32", [1]),
+    "num_return_sequences": ("TYPE_INT32", [1]),
     "priority": ("TYPE_INT32", [1]),
-    "return_perf_metrics": ("TYPE_BOOL", [1]),
     "repetition_penalty": ("TYPE_FP32", [1]),
     "presence_penalty": ("TYPE_FP32", [1]),
     "frequency_penalty": ("TYPE_FP32", [1]),
+    "return_perf_metrics": ("TYPE_BOOL", [1]),
+    "return_log_probs": ("TYPE_BOOL", [1]),  # TensorRT-LLM: output_log_probs, cum_log_probs
+    "return_context_logits": ("TYPE_BOOL", [1]),
+    "return_generation_logits": ("TYPE_BOOL", [1]),
     "sampling_parameters": ("TYPE_STRING", [1]),  # vLLM backend: JSON in vLLM SamplingParams names
     "return_finish_reason": ("TYPE_BOOL", [1]),  # vLLM backend: these three are on every final response
     "return_num_input_tokens": ("TYPE_BOOL", [1]),
     "return_num_output_tokens": ("TYPE_BOOL", [1]),
-    "return_cumulative_logprob": ("TYPE_BOOL", [1]),  # vLLM backend: not implemented (true is an error)
-    "return_logprobs": ("TYPE_BOOL", [1]),
+    "return_cumulative_logprob": ("TYPE_BOOL", [1]),  # vLLM backend and TensorRT-LLM's LLM API
+    "return_logprobs": ("TYPE_BOOL", [1]),  # vLLM backend: per-token JSON, with vLLM's `logprobs` parameter
+    "return_stop_reason": ("TYPE_BOOL", [1]),  # TensorRT-LLM's LLM API
 }
-NOT_YET = ("return_cumulative_logprob", "return_logprobs")
 ALIASES = {  # TensorRT-LLM's other names -> ours
     "streaming": ("stream", ("TYPE_BOOL", [1])),
     "request_output_len": ("max_tokens", ("TYPE_INT32", [1])),
@@ -49,32 +62,114 @@ ALIASES = {  # TensorRT-LLM's other names -> ours
     "runtime_top_p": ("top_p", ("TYPE_FP32", [1])),
     "random_seed": ("seed", ("TYPE_UINT64", [1])),
     "min_length": ("min_tokens", ("TYPE_INT32", [1])),
+    "sampling_param_temperature": ("temperature", ("TYPE_FP32", [1])),  # TensorRT-LLM's LLM-API model
+    "sampling_param_top_k": ("top_k", ("TYPE_INT32", [1])),
+    "sampling_param_top_p": ("top_p", ("TYPE_FP32", [1])),
+    "sampling_param_frequency_penalty": ("frequency_penalty", ("TYPE_FP32", [1])),
+    "sampling_param_presence_penalty": ("presence_penalty", ("TYPE_FP32", [1])),
+    "sampling_param_max_tokens": ("max_tokens", ("TYPE_INT32", [1])),
+    "sampling_param_stop": ("stop_words", ("TYPE_STRING", [-1])),
+    "sampling_param_seed": ("seed", ("TYPE_UINT64", [1])),
+    "sampling_param_exclude_input_from_output": ("exclude_input_in_output", ("TYPE_BOOL", [1])),
 }
+# Declared so that clients that send them work, and refused unless at their default: name -> (dtype, dims,
+# default). A default of None: only absent or empty passes; otherwise absent, empty, or every element equal to it.
+UNSUPPORTED = {
+    "beam_width": ("TYPE_INT32", [1], 1),
+    "sampling_param_best_of": ("TYPE_INT32", [1], 1),
+    "runtime_top_p_decay": ("TYPE_FP32", [1], 1.0),
+    "stop": ("TYPE_BOOL", [1], False),
+    "decoder_text_input": ("TYPE_STRING", [1], ""),
+    "decoder_input_ids": ("TYPE_INT32", [-1], None),
+    "decoder_input_lengths": ("TYPE_INT32", [1], 0),
+    "draft_input_ids": ("TYPE_INT32", [-1], None),
+    "draft_logits": ("TYPE_FP32", [-1, -1], None),
+    "draft_acceptance_threshold": ("TYPE_FP32", [1], None),
+    "num_draft_tokens": ("TYPE_INT32", [1], 0),
+    "use_draft_logits": ("TYPE_BOOL", [1], False),
+    "encoder_input_features": ("TYPE_FP16", [-1, -1], None),
+    "encoder_output_lengths": ("TYPE_INT32", [1], 0),
+    "cross_attention_mask": ("TYPE_BOOL", [-1, -1], None),
+    "skip_cross_attn_blocks": ("TYPE_BOOL", [1], False),
+    "embedding_bias": ("TYPE_FP32", [-1], 0.0),
+    "embedding_bias_words": ("TYPE_STRING", [-1], ""),
+    "embedding_bias_weights": ("TYPE_FP32", [-1], 0.0),
+    "prompt_embedding_table": ("TYPE_FP16", [-1, -1], None),
+    "prompt_vocab_size": ("TYPE_INT32", [1], 0),
+    "prompt_table_extra_id": ("TYPE_UINT64", [1], None),
+    "prompt_table_extra_ids": ("TYPE_UINT64", [-1], None),
+    "mrope_rotary_cos_sin": ("TYPE_FP32", [-1], None),
+    "mrope_position_deltas": ("TYPE_INT64", [1], None),
+    "lora_task_id": ("TYPE_UINT64", [1], None),
+    "lora_weights": ("TYPE_FP16", [-1, -1], None),
+    "lora_config": ("TYPE_INT32", [-1, 3], None),
+    "context_phase_params": ("TYPE_UINT8", [-1], None),
+    "retention_token_range_starts": ("TYPE_INT32", [-1], None),
+    "retention_token_range_ends": ("TYPE_INT32", [-1], None),
+    "retention_token_range_priorities": ("TYPE_INT32", [-1], None),
+    "retention_token_range_durations_ms": ("TYPE_INT32", [-1], None),
+    "retention_decode_priority": ("TYPE_INT32", [1], None),
+    "retention_decode_duration_ms": ("TYPE_INT32", [1], None),
+    "guided_decoding_guide_type": ("TYPE_STRING", [1], ""),
+    "guided_decoding_guide": ("TYPE_STRING", [1], ""),
+    "lookahead_window_size": ("TYPE_INT32", [1], None),
+    "lookahead_ngram_size": ("TYPE_INT32", [1], None),
+    "lookahead_verification_set_size": ("TYPE_INT32", [1], None),
+    "image_input": ("TYPE_FP16", [-1, 3, -1, -1], None),
+    "image_bytes_input": ("TYPE_UINT8", [-1, -1, -1, -1], None),
+    "image_url_input": ("TYPE_STRING", [1], ""),
+    "video_bytes_input": ("TYPE_UINT8", [-1, -1, -1, -1], None),
+}
+# Beam-search and top-p-decay knobs: they change nothing while beam_width is 1 and runtime_top_p_decay 1.0 (both
+# enforced above), in TensorRT-LLM as here, so any value is accepted.
+INERT = {
+    "len_penalty": ("TYPE_FP32", [1]),
+    "length_penalty": ("TYPE_FP32", [1]),
+    "early_stopping": ("TYPE_BOOL", [1]),
+    "beam_search_diversity_rate": ("TYPE_FP32", [1]),
+    "runtime_top_p_min": ("TYPE_FP32", [1]),
+    "runtime_top_p_reset_ids": ("TYPE_INT32", [1]),
+}
+
 OUTPUTS = {
     "text_output": ("TYPE_STRING", [-1]),
     "output_ids": ("TYPE_INT32", [-1]),
     "finish_reason": ("TYPE_STRING", [1]),
     "num_input_tokens": ("TYPE_INT32", [1]),
     "num_output_tokens": ("TYPE_INT32", [1]),
+    "sequence_length": ("TYPE_INT32", [-1]),
+    "batch_index": ("TYPE_INT32", [1]),
+    "sequence_index": ("TYPE_INT32", [1]),
+    "output_log_probs": ("TYPE_FP32", [-1]),
+    "cum_log_probs": ("TYPE_FP32", [-1]),
+    "cumulative_logprob": ("TYPE_FP32", [-1]),
+    "logprobs": ("TYPE_STRING", [-1]),
+    "stop_reason": ("TYPE_STRING", [-1]),
+    "context_logits": ("TYPE_FP32", [-1, -1]),
+    "generation_logits": ("TYPE_FP32", [-1, -1]),
 }
-PERF_OUTPUTS = {  # with return_perf_metrics: CLOCK_MONOTONIC nanoseconds of the request's life, on the final response
-    "arrival_time_ns": ("TYPE_INT64", [1]),
+PERF_OUTPUTS = {  # with return_perf_metrics, on the final response
+    "arrival_time_ns": ("TYPE_INT64", [1]),  # CLOCK_MONOTONIC nanoseconds of the request's life
     "first_scheduled_time_ns": ("TYPE_INT64", [1]),
     "first_token_time_ns": ("TYPE_INT64", [1]),
     "last_token_time_ns": ("TYPE_INT64", [1]),
+    "kv_cache_alloc_new_blocks": ("TYPE_INT32", [1]),
+    "kv_cache_reused_blocks": ("TYPE_INT32", [1]),
+    "kv_cache_alloc_total_blocks": ("TYPE_INT32", [1]),
+    "acceptance_rate": ("TYPE_FP32", [1]),  # no speculative decoding: always 0
+    "total_accepted_draft_tokens": ("TYPE_INT32", [1]),
+    "total_draft_tokens": ("TYPE_INT32", [1]),
 }
+NEVER_SENT = {"context_phase_params": ("TYPE_UINT8", [-1])}  # TensorRT-LLM's disaggregated serving
 
 
 def all_inputs() -> dict[str, tuple[str, list[int]]]:
-    return {**INPUTS, **{alias: spec for alias, (_, spec) in ALIASES.items()}}
+    return {**INPUTS, **{alias: spec for alias, (_, spec) in ALIASES.items()},
+            **{name: (dtype, dims) for name, (dtype, dims, _) in UNSUPPORTED.items()}, **INERT}
 
 
-@dataclass(frozen=True, slots=True)
-class PromptLimits:
-    """Checked before a prompt is decoded or tokenized, so an oversized one costs nothing."""
-
-    max_bytes: int  # text_input, UTF-8 bytes
-    max_tokens: int  # input_ids, and text_input once tokenized
+def all_outputs() -> dict[str, tuple[str, list[int]]]:
+    return {**OUTPUTS, **PERF_OUTPUTS, **NEVER_SENT}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +181,25 @@ class ParsedRequest:
     exclude_input_in_output: bool
     priority: int = 0
     return_perf_metrics: bool = False
+    num_return_sequences: int = 1
+    returns: frozenset[str] = field(default_factory=frozenset)  # optional outputs asked for (see RETURNS)
+    pad_id: int = 0
+
+
+# return_* input -> the outputs it adds
+RETURNS = {"return_log_probs": ("output_log_probs", "cum_log_probs"), "return_cumulative_logprob":
+           ("cumulative_logprob",), "return_logprobs": ("logprobs",), "return_stop_reason": ("stop_reason",),
+           "return_generation_logits": ("generation_logits",), "return_context_logits": ("context_logits",)}
 
 
 def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str], list[int]],
-                  default_max_tokens: int, limits: PromptLimits, sampling: dict | None = None) -> ParsedRequest:
+                  default_max_tokens: int, limits: PromptLimits, sampling: dict | None = None,
+                  encode_word: Callable[[str], list[int]] | None = None, batched: bool = False) -> ParsedRequest:
     """Read a request's inputs; raise RequestError with a message for the client on anything invalid.
     `sampling`: values from vLLM sampling parameters (`vllm_protocol`), by our input names; an input given
-    both ways must agree."""
+    both ways must agree. `encode_word` tokenizes a bad word without special tokens. `batched`: a row of
+    TensorRT-LLM's batched layout, where exclude_input_in_output applies to non-streamed responses only (a stream
+    never echoes the prompt; the unbatched layout follows vLLM's backend, which refuses the combination)."""
     sampling = sampling or {}
 
     def value(name, default, kind):
@@ -104,18 +211,14 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
         return _number(sampling[name], name, kind)
 
     def tensor_value(name, default, kind):
-        array, given = get(name), name
-        if array is None:
-            for alias, (target, _) in ALIASES.items():
-                if target == name and (array := get(alias)) is not None:
-                    given = alias
-                    break
+        array, given = _get(get, name)
         if array is None:
             return default
         if array.size != 1:
             raise RequestError(f"input {given!r} must hold exactly one value, got shape {list(array.shape)}")
         return _number(array.reshape(-1)[0], given, kind)
 
+    _check_unsupported(get)
     prompt_ids, prompt_text = _prompt(get, encode, limits)
     temperature = value("temperature", 0.0, float)
     top_k = value("top_k", 0, int)
@@ -124,30 +227,74 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
         raise RequestError(f"temperature must be >= 0, got {temperature}")
     if top_k < 0:
         raise RequestError(f"top_k must be >= 0, got {top_k}")
+    if top_p == 0.0 and _get(get, "top_p")[0] is not None:
+        top_p = 1.0  # TensorRT-LLM's clients send runtime_top_p 0 for "no top-p"
     if not 0.0 < top_p <= 1.0:
         raise RequestError(f"top_p must be in (0, 1], got {top_p}")
     repetition_penalty = value("repetition_penalty", 1.0, float)
     if repetition_penalty <= 0:
         raise RequestError(f"repetition_penalty must be > 0, got {repetition_penalty}")
+    returns = frozenset(out for flag, outs in RETURNS.items() if value(flag, False, bool) for out in outs)
+    logprobs = sampling.get("logprobs")
+    if logprobs is None and returns & {"output_log_probs", "cumulative_logprob"}:
+        logprobs = 0
+    end_id = value("end_id", None, int)
+    if sampling.get("ignore_eos"):
+        end_id = -1
     params = SamplingParams(
         max_tokens=value("max_tokens", default_max_tokens, int),
         temperature=temperature, top_k=top_k, top_p=top_p,
         seed=value("seed", None, int),
-        end_id=value("end_id", None, int),
-        stop_words=_strings(get("stop_words")) + tuple(sampling.get("stop_words", ())),
+        end_id=end_id,
+        stop_words=_strings(get, "stop_words") + tuple(sampling.get("stop_words", ())),
         min_tokens=value("min_tokens", 0, int),
         repetition_penalty=repetition_penalty,
         presence_penalty=value("presence_penalty", 0.0, float),
         frequency_penalty=value("frequency_penalty", 0.0, float),
+        stop_token_seqs=_word_list(get, "stop_words_list") + tuple((t,) for t in sampling.get("stop_token_ids", ())),
+        bad_token_seqs=_word_list(get, "bad_words_list") + _bad_words(get, encode_word),
+        logprobs=logprobs,
+        return_generation_logits="generation_logits" in returns,
+        return_context_logits="context_logits" in returns,
+        include_stop_str_in_output=bool(sampling.get("include_stop_str_in_output", True)),
     )
-    for name in NOT_YET:
-        if value(name, False, bool):
-            raise RequestError(f"input {name!r}: log-probabilities are not implemented yet")
     stream, exclude = value("stream", False, bool), value("exclude_input_in_output", None, bool)
-    if stream and exclude is False:  # vLLM backend's rule: a stream carries only what is new
-        raise RequestError("exclude_input_in_output=false is not allowed when streaming")
+    if stream and exclude is False and not batched:  # vLLM backend's rule (and message): a stream carries only news
+        raise RequestError("Error generating stream: When streaming, `exclude_input_in_output` = False is not "
+                           "allowed.")
+    n = value("num_return_sequences", 1, int)
+    if not 1 <= n <= MAX_RETURN_SEQUENCES:
+        raise RequestError(f"num_return_sequences must be in [1, {MAX_RETURN_SEQUENCES}], got {n}")
     return ParsedRequest(prompt_ids, prompt_text, params, stream, bool(exclude), value("priority", 0, int),
-                         value("return_perf_metrics", False, bool))
+                         value("return_perf_metrics", False, bool), n, returns, value("pad_id", 0, int))
+
+
+MAX_RETURN_SEQUENCES = 64
+
+
+def _get(get, name: str) -> tuple[np.ndarray | None, str]:
+    """An input by our name or any alias of it, and the name the client used."""
+    array = get(name)
+    if array is not None:
+        return array, name
+    for alias, (target, _) in ALIASES.items():
+        if target == name and (array := get(alias)) is not None:
+            return array, alias
+    return None, name
+
+
+def _check_unsupported(get) -> None:
+    for name, (_, _, default) in UNSUPPORTED.items():
+        array = get(name)
+        if array is None or array.size == 0:
+            continue
+        if default is not None:
+            values = array.reshape(-1)
+            if all(_decode(v, name) == default if isinstance(v, bytes) else v == default for v in values):
+                continue
+        shown = array.reshape(-1)[:4].tolist()
+        raise RequestError(f"input {name!r} is not supported (only its default "
+                           f"{'(absent or empty)' if default is None else repr(default)} is); got {shown}")
 
 
 def _prompt(get, encode, limits: PromptLimits) -> tuple[list[int], str | None]:
@@ -157,10 +304,19 @@ def _prompt(get, encode, limits: PromptLimits) -> tuple[list[int], str | None]:
     if ids is not None:
         if ids.dtype.kind not in "iu":
             raise RequestError(f"input_ids must be integers, got {ids.dtype}")
+        ids = ids.reshape(-1)
+        lengths = get("input_lengths")
+        if lengths is not None:
+            if lengths.size != 1 or not 1 <= int(lengths.reshape(-1)[0]) <= ids.size:
+                raise RequestError(f"input_lengths ({lengths.reshape(-1).tolist()}) must be one value in "
+                                   f"[1, {ids.size}] (the length of input_ids)")
+            ids = ids[:int(lengths.reshape(-1)[0])]
         _check_tokens(ids.size, limits)
-        return ids.reshape(-1).tolist(), None
+        return ids.tolist(), None
     if text is None:
         raise RequestError("missing prompt: give text_input (STRING) or input_ids (INT32)")
+    if get("input_lengths") is not None:
+        raise RequestError("input_lengths goes with input_ids, not text_input")
     if text.size != 1:
         raise RequestError(f"text_input must hold exactly one string, got shape {list(text.shape)}")
     raw = text.reshape(-1)[0]
@@ -188,10 +344,39 @@ def _number(raw, name: str, kind):
     return kind(raw)
 
 
-def _strings(array) -> tuple[str, ...]:
+def _strings(get, name: str) -> tuple[str, ...]:
+    array, given = _get(get, name)
     if array is None:
         return ()
-    return tuple(w for w in (_decode(x, "stop_words") for x in array.reshape(-1)) if w)
+    return tuple(w for w in (_decode(x, given) for x in array.reshape(-1)) if w)
+
+
+def _bad_words(get, encode_word) -> tuple[tuple[int, ...], ...]:
+    words = _strings(get, "bad_words")
+    if words and encode_word is None:
+        raise RequestError("input 'bad_words' needs a tokenizer")
+    return tuple(seq for seq in (tuple(encode_word(w)) for w in words) if seq)
+
+
+def _word_list(get, name: str) -> tuple[tuple[int, ...], ...]:
+    """TensorRT-LLM's word list [2, L]: row 0 the words' token ids one after another, row 1 each word's end
+    offset into row 0, padded with -1 (row 0 is padded with anything)."""
+    array = get(name)
+    if array is None or array.size == 0:
+        return ()
+    if array.dtype.kind not in "iu" or array.ndim < 2 or array.shape[-2] != 2 or array.size != 2 * array.shape[-1]:
+        raise RequestError(f"input {name!r} must be INT32 [2, n] (token ids, end offsets), got "
+                           f"{array.dtype} {list(array.shape)}")
+    ids, offsets = array.reshape(2, -1).tolist()
+    words, start = [], 0
+    for end in offsets:
+        if end < 0:
+            break
+        if not start < end <= len(ids):
+            raise RequestError(f"input {name!r}: offset {end} does not follow {start} within {len(ids)} ids")
+        words.append(tuple(ids[start:end]))
+        start = end
+    return tuple(words)
 
 
 def _decode(raw, name: str) -> str:

@@ -9,10 +9,14 @@ from .paths import PROJECT_ROOT
 TEMPLATE = PROJECT_ROOT / "model_repository" / "llm" / "config.pbtxt"
 
 
-def model_config(checkpoint: str, name: str, **params) -> str:
+def model_config(checkpoint: str, name: str, triton_max_batch_size: int = 0, decoupled: bool = True,
+                 **params) -> str:
     """The shipped model_repository/llm/config.pbtxt with its name, checkpoint (made absolute: relative paths
-    would be read from the model's directory) and the given parameters set."""
+    would be read from the model's directory) and the given parameters set. `triton_max_batch_size` > 0:
+    TensorRT-LLM's batched request layout; `decoupled` False: a model for unary calls."""
     text = TEMPLATE.read_text().replace('name: "llm"', f'name: "{name}"')
+    text = text.replace("max_batch_size: 0", f"max_batch_size: {triton_max_batch_size}")
+    text = text.replace("decoupled: true", f"decoupled: {str(decoupled).lower()}")
     for key, value in {"checkpoint": Path(checkpoint).resolve(), **params}.items():
         line = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
         pattern = rf'parameters \{{ key: "{key}" value: \{{ string_value: "[^"]*" \}} \}}'

@@ -28,6 +28,14 @@ class ServerStopping(RequestError):
 REJECTION_REASONS = ("invalid", "too_large", "queue_full", "stopping")
 
 
+@dataclass(frozen=True, slots=True)
+class PromptLimits:
+    """Checked before a prompt is decoded or tokenized, so an oversized one costs nothing."""
+
+    max_bytes: int  # text_input, UTF-8 bytes
+    max_tokens: int  # input_ids, and text_input once tokenized
+
+
 GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS
 
 
@@ -52,6 +60,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k >= 0: each token's log-probability and the k most likely ones
     return_generation_logits: bool = False  # each generated token's raw logits (vocab floats, fp32)
     return_context_logits: bool = False  # the prompt's logits (one row per prompt token), on the first output
+    include_stop_str_in_output: bool = True  # False (vLLM's default): the text ends before the stop string
 
     @property
     def penalized(self) -> bool:
@@ -111,7 +120,6 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
-    cum_logprob: float = 0.0  # of the sampled tokens, when the request asked for log-probabilities
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -16,10 +16,12 @@ SUPPORTED = {"max_tokens": ("max_tokens", int), "min_tokens": ("min_tokens", int
              "seed": ("seed", int), "repetition_penalty": ("repetition_penalty", float),
              "presence_penalty": ("presence_penalty", float), "frequency_penalty": ("frequency_penalty", float)}
 # Accepted only at vLLM's default value (None also stands for an empty list).
-DEFAULTS = {"n": 1, "best_of": None, "min_p": 0.0, "ignore_eos": False, "logprobs": None, "prompt_logprobs": None,
-            "detokenize": True, "skip_special_tokens": True, "spaces_between_special_tokens": True, "stop_token_ids": None,
+DEFAULTS = {"n": 1, "best_of": None, "min_p": 0.0, "prompt_logprobs": None,
+            "detokenize": True, "skip_special_tokens": True, "spaces_between_special_tokens": True,
             "bad_words": None, "lora_name": None, "truncate_prompt_tokens": None, "structured_outputs": None,
             "guided_decoding": None, "logits_processors": None}
+OTHERS = ("stop", "include_stop_str_in_output", "stop_token_ids", "ignore_eos", "logprobs",  # translated below
+          "Streaming")  # TensorRT-LLM's client sends this request parameter beside its `streaming` input
 
 
 def sampling_parameters(tensor_json: str | None, request_parameters: str) -> dict[str, object]:
@@ -37,8 +39,7 @@ def sampling_parameters(tensor_json: str | None, request_parameters: str) -> dic
 
 
 def translate(fields: dict[str, object]) -> dict[str, object]:
-    unknown = sorted(k for k in fields if k not in SUPPORTED and k not in DEFAULTS and k not in
-                     ("stop", "include_stop_str_in_output"))
+    unknown = sorted(k for k in fields if k not in SUPPORTED and k not in DEFAULTS and k not in OTHERS)
     if unknown:
         raise RequestError(f"unknown field(s) {unknown}: neither an input of this model nor a vLLM sampling "
                            "parameter; nothing was generated")
@@ -54,11 +55,27 @@ def translate(fields: dict[str, object]) -> dict[str, object]:
         ours["top_k"] = 0
     stop = fields.get("stop")
     if stop not in (None, "", []):
-        if not _is_default(fields.get("include_stop_str_in_output", False), True):
-            raise RequestError("vLLM sampling parameter 'stop' removes the stop string from the output by default, "
-                               "which this backend does not do yet: add include_stop_str_in_output: true")
         ours["stop_words"] = (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop)
+        ours["include_stop_str_in_output"] = _convert(fields.get("include_stop_str_in_output", False), bool,
+                                                      "include_stop_str_in_output")
+    if fields.get("stop_token_ids") not in (None, "", []):
+        ids = fields["stop_token_ids"]
+        if not isinstance(ids, list):
+            raise RequestError("vLLM sampling parameter 'stop_token_ids' must be a list of token ids")
+        ours["stop_token_ids"] = tuple(_convert(t, int, "stop_token_ids") for t in ids)
+    if "Streaming" in fields:
+        ours["stream"] = _convert(fields["Streaming"], bool, "Streaming")
+    if _convert(fields.get("ignore_eos", False), bool, "ignore_eos"):
+        ours["ignore_eos"] = True
+    if fields.get("logprobs") not in (None, "None", "null"):
+        k = _convert(fields["logprobs"], int, "logprobs")
+        if not 0 <= k <= MAX_LOGPROBS:
+            raise RequestError(f"vLLM sampling parameter 'logprobs' must be in [0, {MAX_LOGPROBS}], got {k}")
+        ours["logprobs"] = k
     return ours
+
+
+MAX_LOGPROBS = 20
 
 
 def _object(raw: str | None, what: str) -> dict:

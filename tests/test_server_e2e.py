@@ -101,9 +101,9 @@ def test_http_generate_stream_and_generate(server):
 def test_http_fields_that_name_no_input_are_refused_by_name(server, path):
     """Triton hands JSON fields that name no input to the model as parameters; none is silently dropped."""
     status, body = http_post(server.http_port, f"/v2/models/llm/{path}",
-                             {"text_input": "hi", "max_token": 100, "num_return_sequences": 2, "stream": True})
+                             {"text_input": "hi", "max_token": 100, "num_return_sequence": 2, "stream": True})
     assert status != 200 or "error" in body
-    assert "['max_token', 'num_return_sequences']" in body
+    assert "['max_token', 'num_return_sequence']" in body
     status, body = http_post(server.http_port, f"/v2/models/llm/{path}", {"text_input": "hi", "max_tokens": 2})
     assert status == 200 and "error" not in body
 

@@ -26,13 +26,13 @@ def url(server):
     ("llm", {"text_input": "a", "max_tokens": [1, 2]}, None, "max_tokens"),
     ("llm", {"input_ids": [1, 2], "max_tokens": 1}, {"input_ids": "TYPE_INT64"}, "input_ids"),
     ("llm", {"text_input": "a", "temperature": -0.5}, None, "temperature must be >= 0"),
-    ("llm", {"text_input": "a", "top_p": 0.0}, None, "top_p must be in (0, 1]"),
+    ("llm", {"text_input": "a", "top_p": -0.5}, None, "top_p must be in (0, 1]"),
     ("llm", {"text_input": "a", "top_p": 1.5}, None, "top_p must be in (0, 1]"),
     ("llm", {"text_input": "a", "top_k": -1}, None, "top_k must be >= 0"),
     ("llm", {"input_ids": [5, 258]}, None, "outside the vocabulary"),
     ("llm", {"input_ids": [5, -1]}, None, "outside the vocabulary"),
 ], ids=["no-prompt", "empty", "too-long-context", "too-big-for-pool", "max-tokens-0", "max-tokens-negative",
-        "wrong-dtype", "wrong-shape", "wrong-ids-dtype", "temperature", "top-p-0", "top-p-big", "top-k",
+        "wrong-dtype", "wrong-shape", "wrong-ids-dtype", "temperature", "top-p-negative", "top-p-big", "top-k",
         "id-too-big", "id-negative"])
 def test_bad_input_gets_an_error_and_the_next_request_succeeds(server, model, values, types, message):
     bad = grpc_generate(url(server), model, values, types)
