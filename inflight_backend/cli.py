@@ -212,14 +212,16 @@ def _add_make_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
     p.add_argument("--shards", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--if-missing", action="store_true", help="do nothing when OUT_DIR/config.json exists")
+    p.add_argument("--if-missing", action="store_true",
+                   help="do nothing when OUT_DIR holds config.json and tokenizer_config.json (the weights are seeded: "
+                        "a checkpoint made before tokenizer_config.json existed is remade identically)")
     p.set_defaults(run=_make_model)
 
 
 def _make_model(args) -> int:
     from .make_model import TinySpec, make_model
 
-    if args.if_missing and (Path(args.out_dir) / "config.json").exists():
+    if args.if_missing and all((Path(args.out_dir) / f).exists() for f in ("config.json", "tokenizer_config.json")):
         return 0
     spec = TinySpec(args.hidden_size, args.intermediate_size, args.layers, args.heads, args.kv_heads,
                     args.max_position_embeddings, args.rope_theta, args.tie_word_embeddings, args.seed, args.shards,

@@ -65,6 +65,7 @@ class _Sequence:
     arrival: float  # time.monotonic() when execute() received it
     returns: frozenset[str]
     return_perf_metrics: bool
+    num_input_tokens: int
     texts: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
@@ -159,7 +160,8 @@ class TritonPythonModel:
                     params = replace(params, seed=params.seed + s)
                 call.open.add(req_id)
                 self._sequences[req_id] = _Sequence(call, b, s, prefix_text, parsed.prompt_ids if keep_input else [],
-                                                    arrival, parsed.returns, parsed.return_perf_metrics)
+                                                    arrival, parsed.returns, parsed.return_perf_metrics,
+                                                    len(parsed.prompt_ids))
                 submits.append((req_id, parsed.prompt_ids, params, parsed.priority))
         with self._lock:
             self._calls[call.key] = call
@@ -313,7 +315,7 @@ class TritonPythonModel:
     def _tensors(self, seq: _Sequence, out: RequestOutput, text: str, ids: list[int], accumulated: bool = False):
         """This sequence's part of a response (new tokens when streaming, all when not)."""
         piece = responses.Piece(text, ids, seq.ids if accumulated else ids, seq.batch_index, seq.sequence_index,
-                                final=out if out.finished else None)
+                                final=out if out.finished else None, num_input_tokens=seq.num_input_tokens)
         if seq.returns:
             if accumulated:
                 piece.logprobs, piece.top, piece.logits = seq.logprobs, seq.top, seq.logits

@@ -48,7 +48,7 @@ INPUTS = {
     "return_context_logits": ("TYPE_BOOL", [1]),
     "return_generation_logits": ("TYPE_BOOL", [1]),
     "sampling_parameters": ("TYPE_STRING", [1]),  # vLLM backend: JSON in vLLM SamplingParams names
-    "return_finish_reason": ("TYPE_BOOL", [1]),  # vLLM backend: these three are on every final response
+    "return_finish_reason": ("TYPE_BOOL", [1]),  # vLLM backend: these three on every response (always on the final)
     "return_num_input_tokens": ("TYPE_BOOL", [1]),
     "return_num_output_tokens": ("TYPE_BOOL", [1]),
     "return_cumulative_logprob": ("TYPE_BOOL", [1]),  # vLLM backend and TensorRT-LLM's LLM API
@@ -189,7 +189,9 @@ class ParsedRequest:
 # return_* input -> the outputs it adds
 RETURNS = {"return_log_probs": ("output_log_probs", "cum_log_probs"), "return_cumulative_logprob":
            ("cumulative_logprob",), "return_logprobs": ("logprobs",), "return_stop_reason": ("stop_reason",),
-           "return_generation_logits": ("generation_logits",), "return_context_logits": ("context_logits",)}
+           "return_generation_logits": ("generation_logits",), "return_context_logits": ("context_logits",),
+           "return_finish_reason": ("finish_reason",), "return_num_input_tokens": ("num_input_tokens",),
+           "return_num_output_tokens": ("num_output_tokens",)}
 
 
 def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str], list[int]],

@@ -33,6 +33,7 @@ class Piece:
     logits: list[np.ndarray] | None = None
     cum_logprob: float = 0.0
     final: RequestOutput | None = None  # the sequence's final output, when this piece ends it
+    num_input_tokens: int = 0
 
 
 def tensors(piece: Piece, returns: frozenset[str], perf: bool, wanted: frozenset[str] | None,
@@ -61,8 +62,11 @@ def tensors(piece: Piece, returns: frozenset[str], perf: bool, wanted: frozenset
             width = piece.logits[0].shape[-1] if piece.logits else 0
             out[name] = np.stack(piece.logits).reshape(1, 1, -1, width) if piece.logits else \
                 np.zeros((1, 1, 0, 0), dtype=np.float32)
-        elif name == "stop_reason" and piece.final is not None:
-            out[name] = np.array([(piece.final.stop_reason or "").encode()], dtype=np.object_).reshape(1, 1)
+        elif name == "stop_reason":  # as TensorRT-LLM's LLM API: str() of the reason, "None" for none (yet)
+            reason = piece.final.stop_reason if piece.final is not None else None
+            out[name] = np.array([[str(reason).encode()]], dtype=np.object_)
+        elif piece.final is None and name in EVERY_RESPONSE:  # vLLM's values on a response that is not the last
+            out[name] = EVERY_RESPONSE[name](piece)
     final = piece.final
     if final is not None:
         done = {"finish_reason": lambda: np.array([[final.finish_reason.encode()]], dtype=np.object_),
@@ -72,6 +76,13 @@ def tensors(piece: Piece, returns: frozenset[str], perf: bool, wanted: frozenset
             done.update(_perf(final, kv_blocks))
         out.update({name: make() for name, make in done.items() if wanted is None or name in wanted})
     return out
+
+
+# With return_finish_reason / return_num_input_tokens / return_num_output_tokens: on every response, as vLLM's
+# backend sends them (the final response always has them, counting the whole sequence).
+EVERY_RESPONSE = {"finish_reason": lambda piece: np.array([[b"None"]], dtype=np.object_),
+                  "num_input_tokens": lambda piece: np.array([[piece.num_input_tokens]], dtype=np.int32),
+                  "num_output_tokens": lambda piece: np.array([[len(piece.generated)]], dtype=np.int32)}
 
 
 def stack(parts: list[dict[str, np.ndarray]], pad_id: int) -> dict[str, np.ndarray]:

@@ -87,15 +87,15 @@ def model_config(checkpoint: str, name: str, **params) -> str:
 def server(tmp_path_factory, tiny_model, gqa_model):
     """One tritonserver for the end-to-end tests, serving:
     llm (default tiny model, native attention kernels), llm_gqa (second checkpoint, torch reference attention),
-    llm_small_pool (8 KV blocks of 16 tokens), llm_batched and llm_unary (the default model in TensorRT-LLM's
+    llm_small_pool (8 KV blocks of 16 tokens), ensemble and tensorrt_llm (the default model in TensorRT-LLM's
     batched layout, decoupled and not)."""
     root = tmp_path_factory.mktemp("repo")
     write_repository(root, {
         "llm": model_config(tiny_model, "llm"),
         "llm_gqa": model_config(gqa_model, "llm_gqa", block_size=8, max_num_tokens=512, attention_backend="torch"),
         "llm_small_pool": model_config(tiny_model, "llm_small_pool", num_kv_blocks=8, max_batch_size=4),
-        "llm_batched": model_config(tiny_model, "llm_batched", triton_max_batch_size=64),
-        "llm_unary": model_config(tiny_model, "llm_unary", triton_max_batch_size=64, decoupled=False),
+        "ensemble": model_config(tiny_model, "ensemble", triton_max_batch_size=64),
+        "tensorrt_llm": model_config(tiny_model, "tensorrt_llm", triton_max_batch_size=64, decoupled=False),
     })
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     srv = TritonServer(root, free_port(), free_port(), free_port(), log_file=log)

@@ -1,7 +1,7 @@
 """TensorRT-LLM's Triton clients against our server: the exact request shapes, names and types that
 tensorrtllm_backend's clients send (end_to_end_grpc_client.py, inflight_batcher_llm_client.py,
 benchmark_core_model.py; every tensor with a batch dimension), over gRPC streams and unary calls and over HTTP,
-against `llm_batched` (decoupled) and `llm_unary` (not decoupled). Outputs are parsed as those clients parse them.
+against `ensemble` (decoupled) and `tensorrt_llm` (not decoupled). Outputs are parsed as those clients parse them.
 """
 import json
 import queue
@@ -105,17 +105,17 @@ def test_end_to_end_grpc_client_streaming_and_not(server, oracle):
     ids = TOKENIZER.encode(PROMPT).ids
     want = TOKENIZER.decode(greedy(oracle, ids, 24))
     top_k = {"top_k": ([[1]], "INT32")}
-    for model in ("llm_batched", "llm_unary"):
+    for model in ("ensemble", "tensorrt_llm"):
         got, error = stream(url(server), model, ensemble_inputs(PROMPT, 24, False, **top_k), ["text_output"])
         assert error is None and len(got) == 1
         assert got[0].as_numpy("text_output")[0].decode() == PROMPT + want
-    got, error = stream(url(server), "llm_batched", ensemble_inputs(PROMPT, 24, True, **top_k), ["text_output"])
+    got, error = stream(url(server), "ensemble", ensemble_inputs(PROMPT, 24, True, **top_k), ["text_output"])
     assert error is None and len(got) > 1
     assert "".join(r.as_numpy("text_output")[0].decode() for r in got) == want
 
 
 def test_end_to_end_grpc_client_as_sent_samples_at_temperature_one(server):
-    got, error = stream(url(server), "llm_batched", ensemble_inputs(PROMPT, 16, True))
+    got, error = stream(url(server), "ensemble", ensemble_inputs(PROMPT, 16, True))
     assert error is None
     assert sum(r.as_numpy("output_ids").shape[-1] for r in got) == int(got[-1].as_numpy("num_output_tokens")[0][0])
     assert all(r.as_numpy("batch_index")[0][0] == 0 and r.as_numpy("sequence_index")[0][0] == 0 for r in got)
@@ -125,7 +125,7 @@ def test_inflight_batcher_llm_client_streaming(server, oracle):
     """Its request (input_ids [1, N], runtime_top_k 1: greedy): each response's output_ids[0][0] holds the new
     tokens and sequence_length[0][0] their count; together they are transformers' tokens."""
     ids = TOKENIZER.encode(PROMPT).ids
-    got, error = stream(url(server), "llm_batched", core_inputs(ids, 30, streaming=True))
+    got, error = stream(url(server), "ensemble", core_inputs(ids, 30, streaming=True))
     assert error is None
     tokens = []
     for result in got:
@@ -141,14 +141,14 @@ def test_inflight_batcher_llm_client_unary_returns_prompt_and_output(server, ora
     ids = TOKENIZER.encode(PROMPT).ids
     client = grpcclient.InferenceServerClient(url(server))
     done: queue.SimpleQueue = queue.SimpleQueue()
-    client.async_infer("llm_unary", core_inputs(ids, 30, streaming=False), lambda result, error: done.put(
+    client.async_infer("tensorrt_llm", core_inputs(ids, 30, streaming=False), lambda result, error: done.put(
         (result, error)), parameters={"Streaming": False})
     result, error = done.get(timeout=120)
     assert error is None
     length = result.as_numpy("sequence_length")[0][0]
     assert list(result.as_numpy("output_ids")[0][0][:length]) == ids + greedy(oracle, ids, 30)
     with pytest.raises(Exception, match="decoupled"):  # ModelInfer on the streaming model: Triton's own refusal
-        client.infer("llm_batched", core_inputs(ids, 4, streaming=False))
+        client.infer("ensemble", core_inputs(ids, 4, streaming=False))
     client.close()
 
 
@@ -159,11 +159,11 @@ def test_benchmark_core_model_unary_requests_share_iterations(server, oracle, or
     client = grpcclient.InferenceServerClient(url(server))
     cases = oracle_cases[:8]
     done: queue.SimpleQueue = queue.SimpleQueue()
-    steps_before = metric(server.metrics_port, "inflight_steps_total", "llm_unary")
+    steps_before = metric(server.metrics_port, "inflight_steps_total", "tensorrt_llm")
     for i, (ids, n) in enumerate(cases):
-        client.async_infer("llm_unary", core_inputs(ids, n), partial_put(done, i), request_id=str(i))
+        client.async_infer("tensorrt_llm", core_inputs(ids, n), partial_put(done, i), request_id=str(i))
     results = dict(done.get(timeout=120) for _ in cases)
-    steps = metric(server.metrics_port, "inflight_steps_total", "llm_unary") - steps_before
+    steps = metric(server.metrics_port, "inflight_steps_total", "tensorrt_llm") - steps_before
     for i, (ids, n) in enumerate(cases):
         result, error = results[i]
         assert error is None
@@ -189,14 +189,14 @@ def test_a_request_of_several_rows_gets_each_row_with_its_batch_index(server, or
              "pad_id": np.array([[-7]] * len(cases), dtype=np.int32)}
     inputs = [tensor(grpcclient, k, v, "INT32") for k, v in batch.items()]
     wants = [greedy(oracle, ids, n) for ids, n in cases]
-    got, error = stream(url(server), "llm_batched", inputs + [
+    got, error = stream(url(server), "ensemble", inputs + [
         tensor(grpcclient, "streaming", np.array([[True]] * len(cases)), "BOOL")])
     assert error is None
     rows = {i: [] for i in range(len(cases))}
     for result in got:
         rows[int(result.as_numpy("batch_index")[0][0])] += list(result.as_numpy("output_ids")[0][0])
     assert [rows[i] for i in range(len(cases))] == wants
-    result = grpcclient.InferenceServerClient(url(server)).infer("llm_unary", inputs)
+    result = grpcclient.InferenceServerClient(url(server)).infer("tensorrt_llm", inputs)
     assert list(result.as_numpy("batch_index").reshape(-1)) == list(range(len(cases)))
     lengths = result.as_numpy("sequence_length").reshape(-1)
     for row, ((ids, _), want) in enumerate(zip(cases, wants)):
@@ -213,14 +213,14 @@ def test_log_probs_and_generation_logits_in_tensorrt_llms_shapes(server, oracle)
     logprobs = oracle.logprobs(ids, want)
     chosen = logprobs[np.arange(len(want)), want].numpy()
     logits = oracle.logits(ids + want)[len(ids) - 1:len(ids) - 1 + len(want)].numpy()
-    got, error = stream(url(server), "llm_batched", core_inputs(ids, 12, streaming=True, **flags))
+    got, error = stream(url(server), "ensemble", core_inputs(ids, 12, streaming=True, **flags))
     assert error is None
     streamed = np.concatenate([r.as_numpy("output_log_probs")[0][0] for r in got])
     np.testing.assert_allclose(streamed, chosen, atol=1e-4)
     np.testing.assert_allclose(got[-1].as_numpy("cum_log_probs")[0][0], chosen.sum(), atol=1e-3)
     streamed_logits = np.concatenate([r.as_numpy("generation_logits")[0][0] for r in got])
     np.testing.assert_allclose(streamed_logits, logits, atol=1e-4)
-    result = grpcclient.InferenceServerClient(url(server)).infer("llm_unary", core_inputs(ids, 12, **flags))
+    result = grpcclient.InferenceServerClient(url(server)).infer("tensorrt_llm", core_inputs(ids, 12, **flags))
     np.testing.assert_allclose(result.as_numpy("output_log_probs")[0][0], chosen, atol=1e-4)
     assert result.as_numpy("generation_logits").shape == (1, 1, len(want), logits.shape[-1])
     assert result.as_numpy("cum_log_probs").shape == (1, 1)
@@ -233,19 +233,19 @@ def test_bad_and_stop_words_as_strings_and_token_lists(server, oracle):
     free = greedy(oracle, ids, 20)
     stop_seq = free[6:8]
     words = np.array([[stop_seq, [2, -1]]], dtype=np.int32)
-    got, error = stream(url(server), "llm_batched", core_inputs(ids, 20, streaming=True,
+    got, error = stream(url(server), "ensemble", core_inputs(ids, 20, streaming=True,
                                                                 stop_words_list=(words, "INT32")))
     assert error is None
     tokens = [t for r in got for t in r.as_numpy("output_ids")[0][0]]
     first = next(j for j in range(len(free)) if free[j:j + 2] == stop_seq)
     assert tokens == free[:first + 2]
     banned = [[[free[0]], [1]]]
-    got, error = stream(url(server), "llm_batched", core_inputs(ids, 20, streaming=True,
+    got, error = stream(url(server), "ensemble", core_inputs(ids, 20, streaming=True,
                                                                 bad_words_list=(banned, "INT32")))
     tokens = [t for r in got for t in r.as_numpy("output_ids")[0][0]]
     assert error is None and tokens == oracle.generate(ids, 20, bad_words_ids=[[free[0]]])
     ascii_token = next(t for t in free if 32 < t < 127)  # one byte, one token: the string bad word's tokens
-    got, error = stream(url(server), "llm_batched", ensemble_inputs(
+    got, error = stream(url(server), "ensemble", ensemble_inputs(
         PROMPT, 20, True, temperature=0.0, bad_words=([[chr(ascii_token).encode()]], "BYTES")))
     tokens = [t for r in got for t in TOKENIZER.encode(r.as_numpy("text_output")[0].decode("utf-8", "replace"),
                                                        add_special_tokens=False).ids]
@@ -256,14 +256,14 @@ def test_num_return_sequences_each_with_its_sequence_index(server):
     """num_return_sequences 3 with a seed: three sequences, each equal to the same request sent alone with
     seed + its index."""
     extra = {"num_return_sequences": ([[3]], "INT32"), "seed": ([[11]], "UINT64")}
-    got, error = stream(url(server), "llm_batched", ensemble_inputs(PROMPT, 10, True, **extra))
+    got, error = stream(url(server), "ensemble", ensemble_inputs(PROMPT, 10, True, **extra))
     assert error is None
     seqs = {}
     for r in got:
         seqs.setdefault(int(r.as_numpy("sequence_index")[0][0]), []).extend(r.as_numpy("output_ids")[0][0])
     assert sorted(seqs) == [0, 1, 2]
     for s in range(3):
-        alone, error = stream(url(server), "llm_batched",
+        alone, error = stream(url(server), "ensemble",
                               ensemble_inputs(PROMPT, 10, True, seed=([[11 + s]], "UINT64")))
         assert error is None and [t for r in alone for t in r.as_numpy("output_ids")[0][0]] == seqs[s]
 
@@ -272,14 +272,14 @@ def test_num_return_sequences_each_with_its_sequence_index(server):
     ("beam_width", [[4]], "INT32"), ("lora_task_id", [[3]], "UINT64"), ("stop", [[True]], "BOOL"),
     ("return_context_logits", [[True]], "BOOL")])
 def test_unsupported_inputs_are_errors_naming_them_and_the_server_keeps_serving(server, name, value, dtype):
-    got, error = stream(url(server), "llm_batched", ensemble_inputs(PROMPT, 4, True, **{name: (value, dtype)}))
+    got, error = stream(url(server), "ensemble", ensemble_inputs(PROMPT, 4, True, **{name: (value, dtype)}))
     assert error is not None and f"'{name}'" in error
-    got, error = stream(url(server), "llm_batched", ensemble_inputs(PROMPT, 4, True))
+    got, error = stream(url(server), "ensemble", ensemble_inputs(PROMPT, 4, True))
     assert error is None and got
 
 
 def test_streaming_needs_the_decoupled_model(server):
-    got, error = stream(url(server), "llm_unary", ensemble_inputs(PROMPT, 4, True))
+    got, error = stream(url(server), "tensorrt_llm", ensemble_inputs(PROMPT, 4, True))
     assert error is not None and "decoupled" in error
 
 
@@ -289,13 +289,13 @@ def test_http_infer_and_generate_on_the_batched_models(server, oracle):
     ids = TOKENIZER.encode(PROMPT).ids
     want = TOKENIZER.decode(greedy(oracle, ids, 10))
     client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
-    result = client.infer("llm_unary", ensemble_inputs(PROMPT, 10, False, module=httpclient, temperature=0.0))
+    result = client.infer("tensorrt_llm", ensemble_inputs(PROMPT, 10, False, module=httpclient, temperature=0.0))
     assert result.as_numpy("text_output")[0].decode() == PROMPT + want
     client.close()
-    status, body = http_post(server.http_port, "/v2/models/llm_unary/generate",
+    status, body = http_post(server.http_port, "/v2/models/tensorrt_llm/generate",
                              {"text_input": PROMPT, "max_tokens": 10, "temperature": 0.0, "beam_width": 1})
     assert status == 200, body
     assert json.loads(body)["text_output"] == PROMPT + want
-    status, body = http_post(server.http_port, "/v2/models/llm_unary/generate",
+    status, body = http_post(server.http_port, "/v2/models/tensorrt_llm/generate",
                              {"text_input": PROMPT, "max_token": 10})
     assert "max_token" in body and status != 200
