@@ -70,10 +70,10 @@ class BatchLoop:
         return blocks_for(num_tokens, self.engine.blocks.block_size)
 
     def submit(self, req_id: str, prompt_ids: list[int], params: SamplingParams, priority: int = 0,
-               arrival_time: float | None = None) -> None:
+               arrival_time: float | None = None, share_prompt_with: str | None = None) -> None:
         with self._pending_lock:
             self._pending_adds += 1
-        self._commands.put(("add", req_id, prompt_ids, params, priority, arrival_time))
+        self._commands.put(("add", req_id, prompt_ids, params, priority, arrival_time, share_prompt_with))
 
     def queue_depth(self) -> int:
         """Requests waiting for admission (as of the last step) plus those not yet handed to the engine."""
@@ -138,13 +138,13 @@ class BatchLoop:
                 self._outputs.put((outputs, copy.copy(self.engine.stats)))
                 return False
 
-    def _add(self, outputs, req_id, prompt_ids, params, priority, arrival_time) -> None:
+    def _add(self, outputs, req_id, prompt_ids, params, priority, arrival_time, share_prompt_with) -> None:
         with self._pending_lock:
             self._pending_adds -= 1
         try:
             if self._drain_message is not None:
                 raise ServerStopping(self._drain_message)
-            self.engine.add_request(req_id, prompt_ids, params, priority, arrival_time)
+            self.engine.add_request(req_id, prompt_ids, params, priority, arrival_time, share_prompt_with)
         except RequestError as exc:
             outputs.append(RequestOutput(req_id, [], "", "error", len(prompt_ids), 0, error=str(exc)))
 

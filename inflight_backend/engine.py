@@ -38,6 +38,7 @@ class RequestOutput:
     times: RequestTimes | None = None  # on the final output
     token_info: TokenInfo | None = None  # what the request asked to know about this output's token
     stop_reason: str | None = None  # the stop string or token id that ended it (None: EOS, or not stopped)
+    num_shared_blocks: int = 0  # on the final output: prompt blocks it shared instead of computing
 
     @property
     def finished(self) -> bool:
@@ -146,13 +147,18 @@ class InflightEngine:
                 raise RequestError(f"{name}: a token id is outside the vocabulary [0, {self.runner.vocab_size})")
 
     def add_request(self, req_id: str, prompt_ids: list[int], params: SamplingParams, priority: int = 0,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, share_prompt_with: str | None = None) -> None:
+        """`share_prompt_with`: an open request with the same prompt (another sequence of it): once that one has
+        computed the prompt, this one takes its full blocks instead of computing them again."""
         self.validate(prompt_ids, params)
         if req_id in self._requests:
             raise RequestError(f"request id {req_id!r} is already running")
         if not params.greedy and params.seed is None:
             params = replace(params, seed=next(self._seeds))
         request = Request(req_id, list(prompt_ids), params, priority=priority)
+        source = self._requests.get(share_prompt_with) if share_prompt_with is not None else None
+        if source is not None and source.prompt_ids == request.prompt_ids:
+            request.prefix_source = source
         if arrival_time is not None:
             request.arrival_time = arrival_time
         self._requests[req_id] = request
@@ -306,8 +312,10 @@ class InflightEngine:
             text += detokenizer.flush()
         times = RequestTimes(request.arrival_time, request.first_scheduled_time, request.first_token_time,
                              request.last_token_time, time.monotonic())
+        request.prefix_source = None  # (no chain of finished requests kept alive)
         return RequestOutput(request.req_id, token_ids, text, status.finish_reason, request.num_prompt_tokens,
-                             len(request.output_ids), token_time=request.last_token_time or 0.0, times=times)
+                             len(request.output_ids), token_time=request.last_token_time or 0.0, times=times,
+                             num_shared_blocks=request.num_shared_blocks)
 
 
 def ends_with(tokens: list[int], seq: tuple[int, ...]) -> bool:

@@ -149,12 +149,14 @@ class TritonPythonModel:
             return
         call = _Call(str(next(self._ids)), sender, rows[0].stream, not self.decoupled, self.batched,
                      _requested(request), pad_id=rows[0].pad_id)
-        submits = []
+        submits = []  # (req_id, prompt ids, params, priority, the row's first sequence: its prompt blocks' source)
         for b, parsed in enumerate(rows):
             keep_input = not parsed.stream and not parsed.exclude_input_in_output
             prefix_text = (parsed.prompt_text or self.loop.decode(parsed.prompt_ids)) if keep_input else ""
+            first = None
             for s in range(parsed.num_return_sequences):
                 req_id = str(next(self._ids))
+                first = first or req_id
                 params = parsed.params
                 if s and params.seed is not None:  # sequence s: the same request alone with seed + s
                     params = replace(params, seed=params.seed + s)
@@ -162,11 +164,11 @@ class TritonPythonModel:
                 self._sequences[req_id] = _Sequence(call, b, s, prefix_text, parsed.prompt_ids if keep_input else [],
                                                     arrival, parsed.returns, parsed.return_perf_metrics,
                                                     len(parsed.prompt_ids))
-                submits.append((req_id, parsed.prompt_ids, params, parsed.priority))
+                submits.append((req_id, parsed.prompt_ids, params, parsed.priority, first if s else None))
         with self._lock:
             self._calls[call.key] = call
-        for req_id, prompt_ids, params, priority in submits:
-            self.loop.submit(req_id, prompt_ids, params, priority, arrival)
+        for req_id, prompt_ids, params, priority, source in submits:
+            self.loop.submit(req_id, prompt_ids, params, priority, arrival, source)
 
     def _parse(self, request) -> list[protocol.ParsedRequest]:
         """Every row of the request, parsed and validated (one bad row fails the whole request)."""
@@ -327,7 +329,7 @@ class TritonPythonModel:
             piece.cum_logprob = seq.cum_logprob
         blocks = self.loop.blocks_for(out.num_input_tokens + out.num_output_tokens - 1) if out.finished else 0
         return responses.tensors(piece, seq.returns, seq.return_perf_metrics, seq.call.outputs,
-                                 self._decode_token, blocks)
+                                 self._decode_token, blocks, out.num_shared_blocks)
 
     def _decode_token(self, token: int) -> str:
         return self.loop.decode([token])

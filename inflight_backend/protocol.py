@@ -21,7 +21,7 @@ from .request import PromptLimits, PromptTooLarge, RequestError, SamplingParams
 
 # name: (triton dtype, dims); every input but the prompt is optional.
 INPUTS = {
-    "text_input": ("TYPE_STRING", [-1]),
+    "text_input": ("TYPE_STRING", [1]),  # as vLLM's backend and TensorRT-LLM's ensemble declare it
     "input_ids": ("TYPE_INT32", [-1]),
     "input_lengths": ("TYPE_INT32", [1]),  # must not exceed input_ids' length; the ids past it are padding
     "max_tokens": ("TYPE_INT32", [1]),

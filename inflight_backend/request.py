@@ -120,6 +120,8 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
+    prefix_source: Request | None = None  # a sequence of the same prompt whose computed full blocks it may share
+    num_shared_blocks: int = 0  # blocks it got from prefix_source (not allocated, not computed) when admitted
 
     @property
     def num_prompt_tokens(self) -> int:

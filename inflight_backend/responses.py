@@ -37,7 +37,7 @@ class Piece:
 
 
 def tensors(piece: Piece, returns: frozenset[str], perf: bool, wanted: frozenset[str] | None,
-            decode_token: Callable[[int], str], kv_blocks: int = 0) -> dict[str, np.ndarray]:
+            decode_token: Callable[[int], str], kv_blocks: int = 0, shared_blocks: int = 0) -> dict[str, np.ndarray]:
     """One sequence's tensors, in batched shapes, for the outputs the client asked for (None: all)."""
     names = [n for n in (*ALWAYS, *sorted(returns)) if wanted is None or n in wanted]
     out: dict[str, np.ndarray] = {}
@@ -73,7 +73,7 @@ def tensors(piece: Piece, returns: frozenset[str], perf: bool, wanted: frozenset
                 "num_input_tokens": lambda: np.array([[final.num_input_tokens]], dtype=np.int32),
                 "num_output_tokens": lambda: np.array([[final.num_output_tokens]], dtype=np.int32)}
         if perf:
-            done.update(_perf(final, kv_blocks))
+            done.update(_perf(final, kv_blocks, shared_blocks))
         out.update({name: make() for name, make in done.items() if wanted is None or name in wanted})
     return out
 
@@ -136,14 +136,14 @@ def _vllm_logprobs(piece: Piece, decode_token: Callable[[int], str]) -> str:
     return json.dumps(entries)
 
 
-def _perf(final: RequestOutput, kv_blocks: int) -> dict[str, Callable[[], np.ndarray]]:
+def _perf(final: RequestOutput, kv_blocks: int, shared: int) -> dict[str, Callable[[], np.ndarray]]:
     times = final.times
     stamps = {"arrival_time_ns": times.arrival, "first_scheduled_time_ns": times.first_scheduled,
               "first_token_time_ns": times.first_token, "last_token_time_ns": times.last_token} if times else {}
     made = {name: (lambda t=t: np.array([[-1 if t is None else int(t * 1e9)]], dtype=np.int64))
             for name, t in stamps.items()}
-    made.update({"kv_cache_alloc_new_blocks": lambda: np.array([[kv_blocks]], dtype=np.int32),
-                 "kv_cache_reused_blocks": lambda: np.array([[0]], dtype=np.int32),
+    made.update({"kv_cache_alloc_new_blocks": lambda: np.array([[kv_blocks - shared]], dtype=np.int32),
+                 "kv_cache_reused_blocks": lambda: np.array([[shared]], dtype=np.int32),
                  "kv_cache_alloc_total_blocks": lambda: np.array([[kv_blocks]], dtype=np.int32),
                  "acceptance_rate": lambda: np.array([[0.0]], dtype=np.float32),
                  "total_accepted_draft_tokens": lambda: np.array([[0]], dtype=np.int32),

@@ -137,37 +137,56 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput) -> None:
         while self.waiting and self._budget > 0 and len(self.running) < self.config.max_batch_size:
             request = self._next_waiting()
-            num_tokens = request.num_uncomputed_tokens
+            if request is None:
+                return
+            shared = self._shareable(request)
+            num_tokens = request.num_uncomputed_tokens - shared * self.blocks.block_size
             limit = min(self._budget, self.config.chunk_limit)
             if num_tokens > limit:
                 # A preempted request recomputes in chunks whatever the setting: it may have outgrown the budget.
                 if not (self.config.enable_chunked_prefill or request.num_preemptions):
                     return
                 num_tokens = limit
-            if not self._fits(request):
+            if not self._fits(request, shared):
                 return  # head-of-line: the next request waits its turn rather than overtaking
+            if shared:
+                self.blocks.share(request.prefix_source.req_id, request.req_id, shared)
+                request.num_computed_tokens = shared * self.blocks.block_size
+                request.num_shared_blocks = shared
             self.waiting.remove(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._schedule(out, request, num_tokens)
 
-    def _next_waiting(self) -> Request:
-        """Preempted requests first, then the highest priority (aged, so nobody starves), then arrival order."""
+    def _next_waiting(self) -> Request | None:
+        """Preempted requests first, then the highest priority (aged, so nobody starves), then arrival order.
+        A request that will share its prompt's blocks waits until their source has computed them."""
         now = time.monotonic()
         aging = self.config.priority_aging_s
 
         def key(r: Request):
             return (r.num_preemptions == 0, -(r.priority + (now - r.arrival_time) / aging), r.arrival_time)
 
-        return min(self.waiting, key=key)
+        ready = [r for r in self.waiting if not _awaits_source(r)]
+        return min(ready, key=key) if ready else None
 
-    def _fits(self, request: Request) -> bool:
+    def _shareable(self, request: Request) -> int:
+        """Full prompt blocks `request` can take from its source: computed there, and leaving it at least one
+        prompt token to compute itself (the one whose logits give its first token)."""
+        source = request.prefix_source
+        if source is None or source.status != RequestStatus.RUNNING or request.num_computed_tokens:
+            return 0
+        computed = min(source.num_computed_tokens, request.num_prompt_tokens - 1)
+        return min(computed // self.blocks.block_size, len(self.blocks.block_table(source.req_id)))
+
+    def _fits(self, request: Request, shared: int = 0) -> bool:
         if self.config.capacity_policy == "max_utilization":
             # Current need: every token known so far, not just this step's chunk (admitting on the chunk alone
             # lets a long prompt be admitted, preempted for its next chunk, readmitted... without end).
-            return self.blocks.num_missing_blocks(request.req_id, request.num_tokens) <= self.blocks.num_free_blocks
+            missing = self.blocks.num_missing_blocks(request.req_id, request.num_tokens) - shared
+            return missing <= self.blocks.num_free_blocks
         reserved = sum(self.blocks.num_missing_blocks(r.req_id, r.max_total_tokens) for r in self.running)
-        needed = blocks_for(request.max_total_tokens, self.blocks.block_size)
+        needed = blocks_for(request.max_total_tokens, self.blocks.block_size) - shared
         return needed + reserved <= self.blocks.num_free_blocks
 
     def _schedule(self, out: SchedulerOutput, request: Request, num_tokens: int) -> None:
@@ -222,3 +241,13 @@ class Scheduler:
             return False
         oldest = min(r.arrival_time for r in self.waiting)
         return len(self.waiting) >= self.config.max_batch_size or now - oldest >= self.config.max_queue_delay_s
+
+
+def _awaits_source(request: Request) -> bool:
+    """Its prompt's source is admitted (or about to be) but has not computed the prompt yet: sharing is worth
+    the wait (the source's next step computes it). A finished or preempted source is not waited for."""
+    source = request.prefix_source
+    if source is None or source.status.is_finished or request.num_preemptions:
+        return False
+    return source.status == RequestStatus.WAITING and not source.num_preemptions or \
+        (source.status == RequestStatus.RUNNING and source.num_computed_tokens < request.num_prompt_tokens - 1)

@@ -11,12 +11,12 @@ import json
 from .request import RequestError
 
 # vLLM name -> (our input, type)
-SUPPORTED = {"max_tokens": ("max_tokens", int), "min_tokens": ("min_tokens", int),
+SUPPORTED = {"max_tokens": ("max_tokens", int), "n": ("num_return_sequences", int), "min_tokens": ("min_tokens", int),
              "temperature": ("temperature", float), "top_p": ("top_p", float), "top_k": ("top_k", int),
              "seed": ("seed", int), "repetition_penalty": ("repetition_penalty", float),
              "presence_penalty": ("presence_penalty", float), "frequency_penalty": ("frequency_penalty", float)}
 # Accepted only at vLLM's default value (None also stands for an empty list).
-DEFAULTS = {"n": 1, "best_of": None, "min_p": 0.0, "prompt_logprobs": None,
+DEFAULTS = {"best_of": None, "min_p": 0.0, "prompt_logprobs": None,
             "detokenize": True, "skip_special_tokens": True, "spaces_between_special_tokens": True,
             "bad_words": None, "lora_name": None, "truncate_prompt_tokens": None, "structured_outputs": None,
             "guided_decoding": None, "logits_processors": None}

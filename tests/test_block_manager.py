@@ -38,3 +38,37 @@ def test_integrity_check_catches_a_double_owned_block():
     bm._tables["b"] = list(bm.block_table("a"))  # corrupt on purpose
     with pytest.raises(AssertionError):
         bm.check_integrity()
+
+
+def test_shared_blocks_return_to_the_pool_when_the_last_holder_lets_go():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    assert bm.allocate("a", 10)  # 3 blocks
+    bm.share("a", "b", 2)
+    bm.share("a", "c", 2)
+    assert bm.block_table("b") == bm.block_table("a")[:2] and bm.num_used_blocks == 3
+    assert bm.allocate("b", 12)  # one block of its own past the shared two
+    assert bm.num_used_blocks == 4 and bm.block_table("b")[2] not in bm.block_table("a")
+    bm.check_integrity()
+    bm.free("a")
+    assert bm.num_used_blocks == 3  # a's third block is free; the shared two stay for b and c
+    bm.check_integrity()
+    bm.free("b")
+    bm.check_integrity()
+    bm.free("c")
+    assert bm.num_free_blocks == 8
+    bm.check_integrity()
+    assert bm.allocate("zz", 2)
+    with pytest.raises(ValueError, match="holds 1 blocks, not 2"):
+        bm.share("zz", "d", 2)
+    bm.share("zz", "d", 1)
+    with pytest.raises(ValueError, match="already holds"):
+        bm.share("zz", "d", 1)
+
+
+def test_integrity_check_catches_a_wrong_reference_count():
+    bm = BlockManager(num_blocks=4, block_size=2)
+    bm.allocate("a", 4)
+    bm.share("a", "b", 1)
+    bm._refs[bm.block_table("a")[0]] = 3  # corrupt on purpose
+    with pytest.raises(AssertionError):
+        bm.check_integrity()

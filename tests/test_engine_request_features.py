@@ -148,3 +148,36 @@ def test_stop_strings_are_cut_from_the_text_unless_included(tiny_model, oracle_c
         checked += 1
     assert checked >= 3
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_sequences_of_one_prompt_share_its_blocks_and_each_equals_its_request_alone(tiny_model, oracle_cases,
+                                                                                      chunked):
+    """num_return_sequences: sequences 1..n-1 take the full prompt blocks of sequence 0 once it has computed them
+    (reference counts, no copy; at least one prompt token each to compute) and each still equals the same
+    request run alone with its seed; the pool holds fewer blocks than without sharing, and all come back."""
+    config = EngineConfig(checkpoint=tiny_model, num_kv_blocks=256, block_size=8, enable_chunked_prefill=chunked,
+                          max_chunk_tokens=48 if chunked else 0)
+    ids = max((ids for ids, _ in oracle_cases), key=len)  # the longest prompt: many full blocks
+    n = 4
+    params = [SamplingParams(max_tokens=12, temperature=0.9, seed=40 + s) for s in range(n)]
+    alone = []
+    for p in params:
+        engine = InflightEngine(config)
+        alone.append(tokens(run_batch(engine, [(ids, p)])[0]))
+    engine = InflightEngine(config)
+    for s, p in enumerate(params):
+        engine.add_request(str(s), ids, p, share_prompt_with="0" if s else None)
+    got, peak, finals = {str(s): [] for s in range(n)}, 0, {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.req_id] += out.token_ids
+            if out.finished:
+                finals[out.req_id] = out
+        engine.blocks.check_integrity()
+        peak = max(peak, engine.blocks.num_used_blocks)
+    assert [got[str(s)] for s in range(n)] == alone
+    shared = (len(ids) - 1) // 8
+    assert all(finals[str(s)].num_shared_blocks == shared for s in range(1, n)) and shared >= 10
+    assert peak <= n * -(-(len(ids) + 12) // 8) - (n - 1) * shared
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks

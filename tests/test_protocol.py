@@ -85,7 +85,7 @@ def test_unknown_fields_are_refused_by_name():
 def test_vllm_sampling_parameters_as_vllms_client_sends_them():
     sent = '{"temperature": "0.1", "top_p": "0.95", "max_tokens": "100", "top_k": -1, "n": "1"}'
     ours = sampling_parameters(sent, sent)  # the tensor, and the same as request parameters
-    assert ours == {"temperature": 0.1, "top_p": 0.95, "max_tokens": 100, "top_k": 0}
+    assert ours == {"temperature": 0.1, "top_p": 0.95, "max_tokens": 100, "top_k": 0, "num_return_sequences": 1}
     p = parse(text_input=np.array([b"hi"], dtype=object), sampling=ours)
     assert (p.params.max_tokens, p.params.temperature, p.params.top_p, p.params.top_k) == (100, 0.1, 0.95, 0)
     stop = sampling_parameters('{"stop": ["x", "yz"], "include_stop_str_in_output": true}', "{}")
@@ -97,7 +97,7 @@ def test_vllm_sampling_parameters_as_vllms_client_sends_them():
 
 
 @pytest.mark.parametrize("tensor, params, message", [
-    ('{"n": 2}', "{}", r"\['n'\] are not supported"),
+    ('{"best_of": 2}', "{}", r"\['best_of'\] are not supported"),
     ('{"min_p": "0.5", "prompt_logprobs": 3}', "{}", r"\['min_p', 'prompt_logprobs'\] are not supported"),
     ('{"logprobs": 99}', "{}", "'logprobs' must be in"),
     ('{"max_tokens": "many"}', "{}", "'max_tokens': expected int"),

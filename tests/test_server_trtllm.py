@@ -254,14 +254,20 @@ def test_bad_and_stop_words_as_strings_and_token_lists(server, oracle):
 
 def test_num_return_sequences_each_with_its_sequence_index(server):
     """num_return_sequences 3 with a seed: three sequences, each equal to the same request sent alone with
-    seed + its index."""
-    extra = {"num_return_sequences": ([[3]], "INT32"), "seed": ([[11]], "UINT64")}
+    seed + its index; sequences 1 and 2 reused the prompt's full KV blocks (kv_cache_reused_blocks)."""
+    extra = {"num_return_sequences": ([[3]], "INT32"), "seed": ([[11]], "UINT64"),
+             "return_perf_metrics": ([[True]], "BOOL")}
     got, error = stream(url(server), "ensemble", ensemble_inputs(PROMPT, 10, True, **extra))
     assert error is None
-    seqs = {}
+    seqs, reused = {}, {}
     for r in got:
-        seqs.setdefault(int(r.as_numpy("sequence_index")[0][0]), []).extend(r.as_numpy("output_ids")[0][0])
+        index = int(r.as_numpy("sequence_index")[0][0])
+        seqs.setdefault(index, []).extend(r.as_numpy("output_ids")[0][0])
+        if r.as_numpy("kv_cache_reused_blocks") is not None:
+            reused[index] = int(r.as_numpy("kv_cache_reused_blocks")[0][0])
     assert sorted(seqs) == [0, 1, 2]
+    prompt_blocks = len(TOKENIZER.encode(PROMPT).ids[:-1]) // 16
+    assert reused == {0: 0, 1: prompt_blocks, 2: prompt_blocks} and prompt_blocks >= 2
     for s in range(3):
         alone, error = stream(url(server), "ensemble",
                               ensemble_inputs(PROMPT, 10, True, seed=([[11 + s]], "UINT64")))

@@ -65,8 +65,8 @@ def test_the_vllm_sample_clients_request(server, greedy, stream):
 
 def test_vllm_sampling_parameters_we_cannot_honour_are_errors_naming_them(server):
     url = f"127.0.0.1:{server.grpc_port}"
-    _, error = vllm_client_request(url, PROMPT, True, {"max_tokens": "5", "n": "2"}, True)
-    assert error is not None and "['n'] are not supported" in error
+    _, error = vllm_client_request(url, PROMPT, True, {"max_tokens": "5", "best_of": "2"}, True)
+    assert error is not None and "['best_of'] are not supported" in error
     _, error = vllm_client_request(url, PROMPT, True, {"max_tokens": "5"}, False)
     assert error == ("Error generating stream: When streaming, `exclude_input_in_output` = False is not "
                      "allowed.") or "Error generating stream: When streaming" in error
@@ -91,3 +91,66 @@ def test_penalties_act_over_http_and_in_vllm_sampling_parameters(server, tiny_mo
     texts, error = vllm_client_request(f"127.0.0.1:{server.grpc_port}", PROMPT, True,
                                        {"max_tokens": "30", "repetition_penalty": "1.3", "temperature": "0"}, True)
     assert error is None and "".join(texts) == TOKENIZER.decode(want)
+
+
+def vllm_stream(url, prompt, sampling_parameters, flags=(), outputs=("text_output",)):
+    """vLLM backend's request with its optional return_* inputs; every response (until FINAL) or the error."""
+    inputs = [grpcclient.InferInput("text_input", [1], "BYTES"), grpcclient.InferInput("stream", [1], "BOOL"),
+              grpcclient.InferInput("sampling_parameters", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([prompt.encode("utf-8")], dtype=np.object_))
+    inputs[1].set_data_from_numpy(np.array([True], dtype=bool))
+    inputs[2].set_data_from_numpy(np.array([json.dumps(sampling_parameters).encode("utf-8")], dtype=np.object_))
+    for name in flags:
+        inputs.append(grpcclient.InferInput(name, [1], "BOOL"))
+        inputs[-1].set_data_from_numpy(np.array([True], dtype=bool))
+    responses: queue.SimpleQueue = queue.SimpleQueue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer("llm", inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
+                              enable_empty_final_response=True)
+    got = []
+    try:
+        while True:
+            result, error = responses.get(timeout=120)
+            if error is not None:
+                return got, str(error)
+            got.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return got, None
+    finally:
+        client.stop_stream()
+
+
+def test_vllm_logprobs_and_cumulative_logprob(server, tiny_model, greedy):
+    """logprobs: 2 with return_logprobs: each response's JSON holds the sampled token's log-probability (equal to
+    transformers' log_softmax within 1e-4) among its top 2; cumulative_logprob is their running sum."""
+    url = f"127.0.0.1:{server.grpc_port}"
+    got, error = vllm_stream(url, PROMPT, {"temperature": "0", "max_tokens": "20", "logprobs": "2"},
+                             ("return_logprobs", "return_cumulative_logprob", "return_finish_reason"),
+                             ("text_output", "logprobs", "cumulative_logprob", "finish_reason"))
+    assert error is None
+    ids, _ = greedy
+    want = Oracle(tiny_model).logprobs(TOKENIZER.encode(PROMPT).ids, ids)
+    entries = [e for r in got for e in json.loads(r.as_numpy("logprobs")[0])]
+    assert len(entries) == len(ids)
+    for row, (token, entry) in enumerate(zip(ids, entries)):
+        assert entry[str(token)]["rank"] == 1 and len(entry) == 2
+        assert abs(entry[str(token)]["logprob"] - float(want[row, token])) < 1e-4
+    total = float(want[range(len(ids)), ids].sum())
+    assert abs(float(got[-1].as_numpy("cumulative_logprob")[0]) - total) < 1e-3
+    assert [r.as_numpy("finish_reason")[0] for r in got[:-1]] == [b"None"] * (len(got) - 1)
+    assert got[-1].as_numpy("finish_reason")[0] in (b"stop", b"length")
+
+
+def test_vllm_stop_strings_are_cut_and_n_sequences_come_with_their_index(server, greedy):
+    """`stop` without include_stop_str_in_output (vLLM's default): the text ends before the stop string;
+    `n`: that many sequences, each response naming its sequence_index."""
+    url = f"127.0.0.1:{server.grpc_port}"
+    _, text = greedy
+    word = next(text[i:i + 2] for i in range(3, len(text)) if "\ufffd" not in text[i:i + 2])
+    got, error = vllm_stream(url, PROMPT, {"temperature": "0", "max_tokens": "20", "stop": [word]})
+    assert error is None
+    assert "".join(r.as_numpy("text_output")[0].decode() for r in got) == text[:text.index(word)]
+    got, error = vllm_stream(url, PROMPT, {"temperature": "0", "max_tokens": "5", "n": "3"},
+                             outputs=("text_output", "sequence_index"))
+    assert error is None and {int(r.as_numpy("sequence_index")[0]) for r in got} == {0, 1, 2}
