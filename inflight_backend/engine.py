@@ -9,6 +9,7 @@ import itertools
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from .block_manager import BlockManager, blocks_for
@@ -16,6 +17,7 @@ from .checkpoint import load_config, load_tokenizer
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer, special_ids
 from .engines.base import ModelRunner
+from .engines.step_inputs import context_rows
 from .request import RequestError  # noqa: F401 (re-exported: callers catch it from here too)
 from .request import PromptLimits, PromptTooLarge, Request, RequestStatus, SamplingParams
 from .sampler import Sampler, apply_penalties, mask_logits
@@ -39,6 +41,7 @@ class RequestOutput:
     token_info: TokenInfo | None = None  # what the request asked to know about this output's token
     stop_reason: str | None = None  # the stop string or token id that ended it (None: EOS, or not stopped)
     num_shared_blocks: int = 0  # on the final output: prompt blocks it shared instead of computing
+    context_logits: object = None  # numpy float32 [prompt tokens, vocab], on the first token's output, if asked
 
     @property
     def finished(self) -> bool:
@@ -88,6 +91,7 @@ class InflightEngine:
         self._requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._special_ids = special_ids(self.tokenizer)
+        self._context_logits: dict[str, list] = {}  # return_context_logits: the prompt's rows so far
         self._unsent: dict[str, int] = {}  # requests that cut stop strings: how much of their text went out
         self._hold: dict[str, int] = {}  # and how many characters they hold back (the longest stop string's, -1)
         self._seeds = itertools.count(config.seed * 1_000_003)
@@ -142,6 +146,9 @@ class InflightEngine:
                                "and chunked prefill is off")
         if params.end_id is not None and not -1 <= params.end_id < self.runner.vocab_size:
             raise RequestError(f"end_id {params.end_id} is outside the vocabulary (-1: no end token)")
+        if params.return_context_logits and self.config.engine == "tensorrt":
+            raise RequestError("return_context_logits: the TensorRT engine returns logits of sampled tokens only "
+                               "(use engine pytorch)")
         for name, seqs in (("stop_words_list", params.stop_token_seqs), ("bad_words_list", params.bad_token_seqs)):
             if any(not 0 <= t < self.runner.vocab_size for seq in seqs for t in seq):
                 raise RequestError(f"{name}: a token id is outside the vocabulary [0, {self.runner.vocab_size})")
@@ -157,7 +164,7 @@ class InflightEngine:
             params = replace(params, seed=next(self._seeds))
         request = Request(req_id, list(prompt_ids), params, priority=priority)
         source = self._requests.get(share_prompt_with) if share_prompt_with is not None else None
-        if source is not None and source.prompt_ids == request.prompt_ids:
+        if source is not None and source.prompt_ids == request.prompt_ids and not params.return_context_logits:
             request.prefix_source = source
         if arrival_time is not None:
             request.arrival_time = arrival_time
@@ -191,6 +198,9 @@ class InflightEngine:
                 return [self.fail(item.request, message) for item in sched.scheduled]
             modelled = time.perf_counter()
             sampled = [item.request for item in sched.scheduled if item.sample]
+            if logits.shape[0] > len(sampled):
+                self._collect_context_logits(sched, logits[len(sampled):])
+                logits = logits[:len(sampled)]
             raw = {row: logits[row].float().clone() for row, r in enumerate(sampled) if r.params.needs_raw_logits}
             self._apply_logit_rules(logits, sampled)
             token_ids, failed = self.sampler.sample(logits, [r.req_id for r in sampled], [r.params for r in sampled])
@@ -243,13 +253,29 @@ class InflightEngine:
 
     def _postprocess(self, request: Request, now: float, infos: dict[str, TokenInfo] | None) -> RequestOutput:
         """The new token's text and whether the request ends; a failure here ends this request alone."""
+        context = None
+        if request.req_id in self._context_logits and request.num_context_logits == request.num_prompt_tokens:
+            context = self._context_logits.pop(request.req_id)  # the prompt's logits, complete: they go now
         try:
             output = self._advance(request, now)
         except Exception as exc:
             return self.fail(request, f"processing the output failed: {type(exc).__name__}: {exc}")
         if infos is not None:
             output.token_info = infos.get(request.req_id)
+        if context is not None:
+            output.context_logits = np.stack(context)
         return output
+
+    def _collect_context_logits(self, sched, rows) -> None:
+        """The prompt logits computed this step (after the sampled rows, in schedule order), kept per request."""
+        rows = rows.float().cpu().numpy()
+        at = 0
+        for item in sched.scheduled:
+            positions = context_rows(item)
+            if positions:
+                self._context_logits.setdefault(item.request.req_id, []).extend(rows[at:at + len(positions)])
+                item.request.num_context_logits = positions.stop
+                at += len(positions)
 
     def _advance(self, request: Request, now: float) -> RequestOutput:
         if request.first_token_time is None:
@@ -305,6 +331,7 @@ class InflightEngine:
         del self._requests[request.req_id]
         detokenizer = self._detokenizers.pop(request.req_id)
         self._hold.pop(request.req_id, None)
+        self._context_logits.pop(request.req_id, None)
         unsent = self._unsent.pop(request.req_id, None)
         if status == RequestStatus.FINISHED_LENGTH and unsent is not None:  # no stop string came: all of it goes
             text += detokenizer.text[unsent:]

@@ -71,6 +71,7 @@ class _Sequence:
     logprobs: list[float] | None = None
     top: list | None = None
     logits: list | None = None
+    context_logits: object = None
     cum_logprob: float = 0.0
     first_token_seen: bool = False
 
@@ -184,8 +185,6 @@ class TritonPythonModel:
                 raise RequestError("stream=true needs a decoupled model: this one answers each request once "
                                    "(use the decoupled model for streaming)")
             self.loop.validate(parsed.prompt_ids, parsed.params)
-        if "context_logits" in rows[0].returns:
-            raise RequestError("input 'return_context_logits': the prompt's logits are not implemented yet")
         self._check_queue(sum(r.num_return_sequences for r in rows))
         return rows
 
@@ -300,6 +299,8 @@ class TritonPythonModel:
     def _accumulate(self, seq: _Sequence, out: RequestOutput) -> None:
         seq.texts.append(out.text)
         seq.ids += out.token_ids
+        if out.context_logits is not None:
+            seq.context_logits = out.context_logits
         info = out.token_info
         if info is None:
             return
@@ -319,6 +320,7 @@ class TritonPythonModel:
         piece = responses.Piece(text, ids, seq.ids if accumulated else ids, seq.batch_index, seq.sequence_index,
                                 final=out if out.finished else None, num_input_tokens=seq.num_input_tokens)
         if seq.returns:
+            piece.context_logits = seq.context_logits if accumulated else out.context_logits
             if accumulated:
                 piece.logprobs, piece.top, piece.logits = seq.logprobs, seq.top, seq.logits
             elif (info := out.token_info) is not None:

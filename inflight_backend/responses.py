@@ -34,6 +34,7 @@ class Piece:
     cum_logprob: float = 0.0
     final: RequestOutput | None = None  # the sequence's final output, when this piece ends it
     num_input_tokens: int = 0
+    context_logits: np.ndarray | None = None  # [prompt tokens, vocab], on the piece that has it
 
 
 def tensors(piece: Piece, returns: frozenset[str], perf: bool, wanted: frozenset[str] | None,
@@ -62,6 +63,8 @@ def tensors(piece: Piece, returns: frozenset[str], perf: bool, wanted: frozenset
             width = piece.logits[0].shape[-1] if piece.logits else 0
             out[name] = np.stack(piece.logits).reshape(1, 1, -1, width) if piece.logits else \
                 np.zeros((1, 1, 0, 0), dtype=np.float32)
+        elif name == "context_logits" and piece.context_logits is not None:
+            out[name] = piece.context_logits[None]
         elif name == "stop_reason":  # as TensorRT-LLM's LLM API: str() of the reason, "None" for none (yet)
             reason = piece.final.stop_reason if piece.final is not None else None
             out[name] = np.array([[str(reason).encode()]], dtype=np.object_)
@@ -93,7 +96,10 @@ def stack(parts: list[dict[str, np.ndarray]], pad_id: int) -> dict[str, np.ndarr
     out = {}
     for name in names:
         arrays = [p[name] for p in parts]
-        if name in TOKEN_AXIS:
+        if name == "context_logits":
+            length = max(a.shape[1] for a in arrays)
+            arrays = [np.pad(a, [(0, 0), (0, length - a.shape[1]), (0, 0)]) for a in arrays]
+        elif name in TOKEN_AXIS:
             width = max(a.shape[2] for a in arrays)
             fill = pad_id if name == "output_ids" else 0
             arrays = [np.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2])] + [(0, 0)] * (a.ndim - 3),
@@ -113,6 +119,8 @@ def unbatched(batched: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = array.shape[0]
         if name in TOKEN_AXIS:
             array = array.reshape(array.shape[0], *array.shape[2:])
+            out[name] = array[0] if rows == 1 else array
+        elif name == "context_logits":
             out[name] = array[0] if rows == 1 else array
         elif array.ndim == 2 and array.shape[1] == 1:
             out[name] = array.reshape(rows)

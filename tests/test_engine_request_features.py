@@ -181,3 +181,26 @@ def test_sequences_of_one_prompt_share_its_blocks_and_each_equals_its_request_al
     assert all(finals[str(s)].num_shared_blocks == shared for s in range(1, n)) and shared >= 10
     assert peak <= n * -(-(len(ids) + 12) // 8) - (n - 1) * shared
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+@pytest.mark.parametrize("chunk", [0, 40])
+def test_context_logits_equal_transformers_logits_over_the_prompt(tiny_model, oracle, oracle_cases, chunk):
+    """return_context_logits: the first output carries [prompt tokens, vocab] fp32 logits equal to transformers'
+    within 1e-4, whole prompts or in chunks, beside requests that do not ask (their steps are unchanged)."""
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256, max_batch_size=8,
+                                         enable_chunked_prefill=bool(chunk), max_chunk_tokens=chunk))
+    cases = oracle_cases[:6]
+    requests = [(ids, SamplingParams(max_tokens=min(n, 8), return_context_logits=i % 2 == 0))
+                for i, (ids, n) in enumerate(cases)]
+    got = run_batch(engine, requests)
+    for i, (ids, n) in enumerate(cases):
+        outs = got[i]
+        assert tokens(outs) == oracle.generate(ids, min(n, 8))
+        if i % 2:
+            assert all(out.context_logits is None for out in outs)
+            continue
+        first = next(out for out in outs if out.token_ids)
+        assert first.context_logits is not None, (i, len(ids), [o.context_logits is None for o in outs])
+        assert first.context_logits.shape == (len(ids), 258)
+        assert torch.allclose(torch.from_numpy(first.context_logits), oracle.logits(ids), atol=1e-4)
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks

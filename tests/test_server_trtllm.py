@@ -41,7 +41,8 @@ def ensemble_inputs(prompt, max_tokens, stream, module=grpcclient, **extra):
     return inputs
 
 
-_NUMPY = {"INT32": np.int32, "FP32": np.float32, "BOOL": bool, "UINT64": np.uint64, "BYTES": object}
+_NUMPY = {"INT32": np.int32, "FP32": np.float32, "BOOL": bool, "UINT64": np.uint64, "BYTES": object,
+          "FP16": np.float16}
 
 
 def core_inputs(ids, output_len, streaming=None, end_id=EOS, pad_id=0, **extra):
@@ -205,10 +206,12 @@ def test_a_request_of_several_rows_gets_each_row_with_its_batch_index(server, or
 
 
 def test_log_probs_and_generation_logits_in_tensorrt_llms_shapes(server, oracle):
-    """return_log_probs / return_generation_logits: output_log_probs [1, 1, n] and cum_log_probs [1, 1] equal
-    transformers' log_softmax; generation_logits [1, 1, n, vocab] its logits, streamed and unary."""
+    """return_log_probs / return_generation_logits / return_context_logits: output_log_probs [1, 1, n] and
+    cum_log_probs [1, 1] equal transformers' log_softmax; generation_logits [1, 1, n, vocab] and context_logits
+    [1, prompt, vocab] its logits, streamed and unary."""
     ids = TOKENIZER.encode(PROMPT).ids
-    flags = {"return_log_probs": ([[True]], "BOOL"), "return_generation_logits": ([[True]], "BOOL")}
+    flags = {"return_log_probs": ([[True]], "BOOL"), "return_generation_logits": ([[True]], "BOOL"),
+             "return_context_logits": ([[True]], "BOOL")}
     want = greedy(oracle, ids, 12)
     logprobs = oracle.logprobs(ids, want)
     chosen = logprobs[np.arange(len(want)), want].numpy()
@@ -220,7 +223,11 @@ def test_log_probs_and_generation_logits_in_tensorrt_llms_shapes(server, oracle)
     np.testing.assert_allclose(got[-1].as_numpy("cum_log_probs")[0][0], chosen.sum(), atol=1e-3)
     streamed_logits = np.concatenate([r.as_numpy("generation_logits")[0][0] for r in got])
     np.testing.assert_allclose(streamed_logits, logits, atol=1e-4)
+    context = [r.as_numpy("context_logits") for r in got if r.as_numpy("context_logits") is not None]
+    assert len(context) == 1 and context[0].shape == (1, len(ids), logits.shape[-1])
+    np.testing.assert_allclose(context[0][0], oracle.logits(ids).numpy(), atol=1e-4)
     result = grpcclient.InferenceServerClient(url(server)).infer("tensorrt_llm", core_inputs(ids, 12, **flags))
+    np.testing.assert_allclose(result.as_numpy("context_logits")[0], oracle.logits(ids).numpy(), atol=1e-4)
     np.testing.assert_allclose(result.as_numpy("output_log_probs")[0][0], chosen, atol=1e-4)
     assert result.as_numpy("generation_logits").shape == (1, 1, len(want), logits.shape[-1])
     assert result.as_numpy("cum_log_probs").shape == (1, 1)
@@ -276,7 +283,7 @@ def test_num_return_sequences_each_with_its_sequence_index(server):
 
 @pytest.mark.parametrize("name, value, dtype", [
     ("beam_width", [[4]], "INT32"), ("lora_task_id", [[3]], "UINT64"), ("stop", [[True]], "BOOL"),
-    ("return_context_logits", [[True]], "BOOL")])
+    ("prompt_embedding_table", [[[1.0, 2.0]]], "FP16")])
 def test_unsupported_inputs_are_errors_naming_them_and_the_server_keeps_serving(server, name, value, dtype):
     got, error = stream(url(server), "ensemble", ensemble_inputs(PROMPT, 4, True, **{name: (value, dtype)}))
     assert error is not None and f"'{name}'" in error

@@ -6,7 +6,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..scheduler import SchedulerOutput
+from ..scheduler import ScheduledRequest, SchedulerOutput
+
+
+def context_rows(item: ScheduledRequest) -> range:
+    """Positions of the prompt whose logits this step also returns for a request that asked for its context
+    logits: those it computes now and has not returned yet (a recompute after preemption returns none)."""
+    req = item.request
+    if not req.params.return_context_logits:
+        return range(0)
+    start = req.num_computed_tokens
+    return range(max(start, req.num_context_logits), min(start + item.num_tokens, req.num_prompt_tokens))
 
 
 @dataclass(slots=True)
@@ -16,7 +26,7 @@ class StepInputs:
     slot_mapping: list[int] = field(default_factory=list)  # flat KV slot of each new token
     query_start_loc: list[int] = field(default_factory=lambda: [0])  # sequence i owns rows [qsl[i], qsl[i+1])
     context_lens: list[int] = field(default_factory=list)
-    sample_indices: list[int] = field(default_factory=list)  # rows whose logits are sampled
+    sample_indices: list[int] = field(default_factory=list)  # rows whose logits are sampled, then context rows
     block_tables: list[list[int]] = field(default_factory=list)  # padded with 0 to the widest
 
     @classmethod
@@ -33,6 +43,9 @@ class StepInputs:
             step.context_lens.append(end)
             if item.sample:
                 step.sample_indices.append(step.query_start_loc[-1] - 1)
+        for i, item in enumerate(output.scheduled):  # after every sampled row: the engine splits them there
+            start = item.request.num_computed_tokens
+            step.sample_indices += [step.query_start_loc[i] + p - start for p in context_rows(item)]
         width = max(len(item.block_table) for item in output.scheduled)
         step.block_tables = [item.block_table + [0] * (width - len(item.block_table)) for item in output.scheduled]
         return step
