@@ -119,6 +119,8 @@ UNSUPPORTED = {
     "image_bytes_input": ("TYPE_UINT8", [-1, -1, -1, -1], None),
     "image_url_input": ("TYPE_STRING", [1], ""),
     "video_bytes_input": ("TYPE_UINT8", [-1, -1, -1, -1], None),
+    "image": ("TYPE_STRING", [-1], None),  # vLLM backend's (base64 images)
+    "embedding_request": ("TYPE_STRING", [1], ""),  # vLLM backend's, reserved for its OpenAI frontend
 }
 # Beam-search and top-p-decay knobs: they change nothing while beam_width is 1 and runtime_top_p_decay 1.0 (both
 # enforced above), in TensorRT-LLM as here, so any value is accepted.
@@ -135,8 +137,8 @@ OUTPUTS = {
     "text_output": ("TYPE_STRING", [-1]),
     "output_ids": ("TYPE_INT32", [-1]),
     "finish_reason": ("TYPE_STRING", [1]),
-    "num_input_tokens": ("TYPE_INT32", [1]),
-    "num_output_tokens": ("TYPE_INT32", [1]),
+    "num_input_tokens": ("TYPE_UINT32", [1]),  # vLLM backend's type
+    "num_output_tokens": ("TYPE_UINT32", [1]),
     "sequence_length": ("TYPE_INT32", [-1]),
     "batch_index": ("TYPE_INT32", [1]),
     "sequence_index": ("TYPE_INT32", [1]),

@@ -72,9 +72,12 @@ def tensors(piece: Piece, returns: frozenset[str], perf: bool, wanted: frozenset
             out[name] = EVERY_RESPONSE[name](piece)
     final = piece.final
     if final is not None:
+        # num_output_tokens: the sequence's total, or (asked for with return_num_output_tokens) vLLM's count of
+        # the tokens in this response
+        count = len(piece.generated) if "num_output_tokens" in returns else final.num_output_tokens
         done = {"finish_reason": lambda: np.array([[final.finish_reason.encode()]], dtype=np.object_),
-                "num_input_tokens": lambda: np.array([[final.num_input_tokens]], dtype=np.int32),
-                "num_output_tokens": lambda: np.array([[final.num_output_tokens]], dtype=np.int32)}
+                "num_input_tokens": lambda: np.array([[final.num_input_tokens]], dtype=np.uint32),
+                "num_output_tokens": lambda: np.array([[count]], dtype=np.uint32)}
         if perf:
             done.update(_perf(final, kv_blocks, shared_blocks))
         out.update({name: make() for name, make in done.items() if wanted is None or name in wanted})
@@ -84,8 +87,8 @@ def tensors(piece: Piece, returns: frozenset[str], perf: bool, wanted: frozenset
 # With return_finish_reason / return_num_input_tokens / return_num_output_tokens: on every response, as vLLM's
 # backend sends them (the final response always has them, counting the whole sequence).
 EVERY_RESPONSE = {"finish_reason": lambda piece: np.array([[b"None"]], dtype=np.object_),
-                  "num_input_tokens": lambda piece: np.array([[piece.num_input_tokens]], dtype=np.int32),
-                  "num_output_tokens": lambda piece: np.array([[len(piece.generated)]], dtype=np.int32)}
+                  "num_input_tokens": lambda piece: np.array([[piece.num_input_tokens]], dtype=np.uint32),
+                  "num_output_tokens": lambda piece: np.array([[len(piece.generated)]], dtype=np.uint32)}
 
 
 def stack(parts: list[dict[str, np.ndarray]], pad_id: int) -> dict[str, np.ndarray]:

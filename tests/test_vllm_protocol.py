@@ -123,11 +123,14 @@ def vllm_stream(url, prompt, sampling_parameters, flags=(), outputs=("text_outpu
 
 def test_vllm_logprobs_and_cumulative_logprob(server, tiny_model, greedy):
     """logprobs: 2 with return_logprobs: each response's JSON holds the sampled token's log-probability (equal to
-    transformers' log_softmax within 1e-4) among its top 2; cumulative_logprob is their running sum."""
+    transformers' log_softmax within 1e-4) among its top 2; cumulative_logprob is their running sum; the other
+    return_* outputs on every response, as vLLM's backend sends them."""
     url = f"127.0.0.1:{server.grpc_port}"
     got, error = vllm_stream(url, PROMPT, {"temperature": "0", "max_tokens": "20", "logprobs": "2"},
-                             ("return_logprobs", "return_cumulative_logprob", "return_finish_reason"),
-                             ("text_output", "logprobs", "cumulative_logprob", "finish_reason"))
+                             ("return_logprobs", "return_cumulative_logprob", "return_finish_reason",
+                              "return_num_input_tokens", "return_num_output_tokens"),
+                             ("text_output", "logprobs", "cumulative_logprob", "finish_reason", "num_input_tokens",
+                              "num_output_tokens"))
     assert error is None
     ids, _ = greedy
     want = Oracle(tiny_model).logprobs(TOKENIZER.encode(PROMPT).ids, ids)
@@ -140,6 +143,10 @@ def test_vllm_logprobs_and_cumulative_logprob(server, tiny_model, greedy):
     assert abs(float(got[-1].as_numpy("cumulative_logprob")[0]) - total) < 1e-3
     assert [r.as_numpy("finish_reason")[0] for r in got[:-1]] == [b"None"] * (len(got) - 1)
     assert got[-1].as_numpy("finish_reason")[0] in (b"stop", b"length")
+    # vLLM's types and meanings: UINT32; the prompt's length; the tokens in each response
+    assert all(r.as_numpy("num_output_tokens").dtype == np.uint32 for r in got)
+    assert [int(r.as_numpy("num_output_tokens")[0]) for r in got] == [1] * len(got)
+    assert {int(r.as_numpy("num_input_tokens")[0]) for r in got} == {len(TOKENIZER.encode(PROMPT).ids)}
 
 
 def test_vllm_stop_strings_are_cut_and_n_sequences_come_with_their_index(server, greedy):
