@@ -142,7 +142,11 @@ class Request:
         return self.num_prompt_tokens + self.params.max_tokens - 1
 
     def token_ids(self, start: int, end: int) -> list[int]:
-        n = self.num_prompt_tokens
+        """Tokens [start, end) of prompt + output, without building their concatenation (a decode step asks for
+        one token: its cost must not grow with the context)."""
+        n = len(self.prompt_ids)
         if end <= n:
             return self.prompt_ids[start:end]
-        return (self.prompt_ids + self.output_ids)[start:end]
+        if start >= n:
+            return self.output_ids[start - n:end - n]
+        return self.prompt_ids[start:] + self.output_ids[:end - n]
