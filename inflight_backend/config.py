@@ -33,6 +33,7 @@ class EngineConfig:
     max_batch_size: int = 64  # running sequences per iteration
     max_num_tokens: int = 1024  # packed tokens per iteration (prefill + decode)
     enable_chunked_prefill: bool = False
+    enable_kv_cache_reuse: bool = True  # prefix caching: full blocks of computed prefixes are reused by later requests
     max_chunk_tokens: int = 0  # chunked prefill: most prompt tokens one request computes per step; 0: the budget
     batching_policy: str = "fused"  # static | prefill_first | fused
     capacity_policy: str = "guaranteed_no_evict"  # guaranteed_no_evict | max_utilization

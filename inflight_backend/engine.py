@@ -40,7 +40,8 @@ class RequestOutput:
     times: RequestTimes | None = None  # on the final output
     token_info: TokenInfo | None = None  # what the request asked to know about this output's token
     stop_reason: str | None = None  # the stop string or token id that ended it (None: EOS, or not stopped)
-    num_shared_blocks: int = 0  # on the final output: prompt blocks it shared instead of computing
+    num_shared_blocks: int = 0  # on the final output: prompt blocks it took as computed (prefix cache, a sibling)
+    num_cached_tokens: int = 0  # on the final output: the tokens in them
     context_logits: object = None  # numpy float32 [prompt tokens, vocab], on the first token's output, if asked
 
     @property
@@ -80,7 +81,7 @@ class InflightEngine:
         self.max_model_len = self.model_config.max_position_embeddings
         num_blocks = config.num_kv_blocks or config.max_batch_size * blocks_for(self.max_model_len,
                                                                                  config.block_size)
-        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_kv_cache_reuse)
         self.scheduler = Scheduler(SchedulerConfig(
             config.max_batch_size, config.max_num_tokens, config.enable_chunked_prefill, config.batching_policy,
             config.capacity_policy, config.max_queue_delay_ms / 1000.0, config.priority_aging_s,
@@ -342,7 +343,8 @@ class InflightEngine:
         request.prefix_source = None  # (no chain of finished requests kept alive)
         return RequestOutput(request.req_id, token_ids, text, status.finish_reason, request.num_prompt_tokens,
                              len(request.output_ids), token_time=request.last_token_time or 0.0, times=times,
-                             num_shared_blocks=request.num_shared_blocks)
+                             num_shared_blocks=request.num_shared_blocks,
+                             num_cached_tokens=request.num_shared_blocks * self.blocks.block_size)
 
 
 def ends_with(tokens: list[int], seq: tuple[int, ...]) -> bool:

@@ -11,9 +11,16 @@ COUNTERS = {
                                      "num_prompt_tokens"),
     "inflight_generated_tokens_total": ("tokens generated", "num_generated_tokens"),
     "inflight_preemptions_total": ("running requests preempted for KV blocks (max_utilization)", "num_preemptions"),
+    "inflight_prefix_cache_tokens_total": ("prompt tokens served from computed blocks (prefix cache, sibling "
+                                           "sequences) instead of computed", "num_cached_tokens"),
+    "inflight_prefix_cache_blocks_reused_total": ("KV blocks taken as computed at admission", "num_reused_blocks"),
+    "inflight_prefix_cache_evictions_total": ("cached KV blocks whose content was dropped to make room",
+                                              "num_evicted_blocks"),
 }
 GAUGES = {
-    "inflight_kv_blocks_used": ("KV cache blocks owned by sequences", "kv_blocks_used"),
+    "inflight_kv_blocks_used": ("KV cache blocks held by sequences", "kv_blocks_used"),
+    "inflight_kv_blocks_cached": ("KV cache blocks nobody holds whose content is kept for reuse (counted as free)",
+                                  "kv_blocks_cached"),
     "inflight_kv_blocks_total": ("KV cache blocks in the pool", "kv_blocks_total"),
     "inflight_step_batch_size": ("sequences in the last iteration", "last_step_num_seqs"),
     "inflight_step_prefill_tokens": ("prompt tokens in the last iteration", "last_step_prefill_tokens"),
@@ -40,7 +47,8 @@ class TritonMetrics:
         counter, gauge, histogram = family_type.COUNTER, family_type.GAUGE, family_type.HISTOGRAM
         self._counters = {field: family(name, desc, counter).Metric(labels=labels)
                           for name, (desc, field) in COUNTERS.items()}
-        self._gauges = {field: family(name, desc, gauge).Metric(labels=labels) for name, (desc, field) in GAUGES.items()}
+        self._gauges = {field: family(name, desc, gauge).Metric(labels=labels)
+                        for name, (desc, field) in GAUGES.items()}
         self._kv_free = family("inflight_kv_blocks_free", "KV cache blocks free", gauge).Metric(labels=labels)
         requests = family("inflight_requests", "requests by state", gauge)
         self._states = {field: requests.Metric(labels={**labels, "state": state})

@@ -139,6 +139,7 @@ OUTPUTS = {
     "finish_reason": ("TYPE_STRING", [1]),
     "num_input_tokens": ("TYPE_UINT32", [1]),  # vLLM backend's type
     "num_output_tokens": ("TYPE_UINT32", [1]),
+    "num_cached_tokens": ("TYPE_UINT32", [1]),  # prompt tokens served from computed blocks (prefix cache)
     "sequence_length": ("TYPE_INT32", [-1]),
     "batch_index": ("TYPE_INT32", [1]),
     "sequence_index": ("TYPE_INT32", [1]),

@@ -121,7 +121,7 @@ class Request:
     first_token_time: float | None = None
     last_token_time: float | None = None
     prefix_source: Request | None = None  # a sequence of the same prompt whose computed full blocks it may share
-    num_shared_blocks: int = 0  # blocks it got from prefix_source (not allocated, not computed) when admitted
+    num_shared_blocks: int = 0  # computed blocks it took when admitted (prefix cache or prefix_source), the most
     num_context_logits: int = 0  # prompt positions whose logits it has returned (return_context_logits)
 
     @property

@@ -77,7 +77,8 @@ def tensors(piece: Piece, returns: frozenset[str], perf: bool, wanted: frozenset
         count = len(piece.generated) if "num_output_tokens" in returns else final.num_output_tokens
         done = {"finish_reason": lambda: np.array([[final.finish_reason.encode()]], dtype=np.object_),
                 "num_input_tokens": lambda: np.array([[final.num_input_tokens]], dtype=np.uint32),
-                "num_output_tokens": lambda: np.array([[count]], dtype=np.uint32)}
+                "num_output_tokens": lambda: np.array([[count]], dtype=np.uint32),
+                "num_cached_tokens": lambda: np.array([[final.num_cached_tokens]], dtype=np.uint32)}
         if perf:
             done.update(_perf(final, kv_blocks, shared_blocks))
         out.update({name: make() for name, make in done.items() if wanted is None or name in wanted})

@@ -76,6 +76,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # in admission order: the newest is preempted first
         self.num_preemptions = 0
+        self.num_cached_tokens = 0  # tokens taken as computed blocks (prefix cache, or a sibling's) at admission
         self._budget = 0
 
     @property
@@ -120,6 +121,7 @@ class Scheduler:
         advanced = []
         for item in output.scheduled:
             item.request.num_computed_tokens += item.num_tokens
+            self.blocks.commit(item.request.req_id, item.request.token_ids, item.request.num_computed_tokens)
             if item.sample:
                 item.request.output_ids.append(next(sampled))
                 advanced.append(item.request)
@@ -139,20 +141,21 @@ class Scheduler:
             request = self._next_waiting()
             if request is None:
                 return
-            shared = self._shareable(request)
-            num_tokens = request.num_uncomputed_tokens - shared * self.blocks.block_size
+            reused = self._reusable(request)
+            num_tokens = request.num_uncomputed_tokens - len(reused) * self.blocks.block_size
             limit = min(self._budget, self.config.chunk_limit)
             if num_tokens > limit:
                 # A preempted request recomputes in chunks whatever the setting: it may have outgrown the budget.
                 if not (self.config.enable_chunked_prefill or request.num_preemptions):
                     return
                 num_tokens = limit
-            if not self._fits(request, shared):
+            if not self._fits(request, reused):
                 return  # head-of-line: the next request waits its turn rather than overtaking
-            if shared:
-                self.blocks.share(request.prefix_source.req_id, request.req_id, shared)
-                request.num_computed_tokens = shared * self.blocks.block_size
-                request.num_shared_blocks = shared
+            if reused:
+                self.blocks.take(request.req_id, reused)
+                request.num_computed_tokens = len(reused) * self.blocks.block_size
+                request.num_shared_blocks = max(request.num_shared_blocks, len(reused))
+                self.num_cached_tokens += request.num_computed_tokens
             self.waiting.remove(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -170,24 +173,34 @@ class Scheduler:
         ready = [r for r in self.waiting if not _awaits_source(r)]
         return min(ready, key=key) if ready else None
 
-    def _shareable(self, request: Request) -> int:
-        """Full prompt blocks `request` can take from its source: computed there, and leaving it at least one
-        prompt token to compute itself (the one whose logits give its first token)."""
+    def _reusable(self, request: Request) -> list[int]:
+        """Computed full blocks `request` can take instead of computing them: its prefix's, found in the cache, or
+        (sequences of one prompt) its source's prompt blocks; always leaving it at least one token to compute
+        (the one whose logits give its next token). None for a request that wants its prompt's logits."""
+        if request.num_computed_tokens or request.params.return_context_logits:
+            return []
+        size = self.blocks.block_size
+        limit = (request.num_tokens - 1) // size
+        blocks: list[int] = []
         source = request.prefix_source
-        if source is None or source.status != RequestStatus.RUNNING or request.num_computed_tokens:
-            return 0
-        computed = min(source.num_computed_tokens, request.num_prompt_tokens - 1)
-        return min(computed // self.blocks.block_size, len(self.blocks.block_table(source.req_id)))
+        if source is not None and source.status == RequestStatus.RUNNING:
+            computed = min(source.num_computed_tokens, request.num_prompt_tokens - 1)
+            blocks = self.blocks.block_table(source.req_id)[:computed // size]
+        if self.blocks.enable_reuse and limit > len(blocks):
+            found = self.blocks.lookup(request.token_ids(0, request.num_tokens), limit)
+            blocks = found if len(found) > len(blocks) else blocks
+        return blocks[:limit]
 
-    def _fits(self, request: Request, shared: int = 0) -> bool:
+    def _fits(self, request: Request, reused: list[int] = ()) -> bool:
+        # Reused blocks cost nothing new, but those only the cache keeps stop being free once taken.
+        free = self.blocks.num_free_blocks - (len(reused) - self.blocks.num_held_elsewhere(reused))
         if self.config.capacity_policy == "max_utilization":
             # Current need: every token known so far, not just this step's chunk (admitting on the chunk alone
             # lets a long prompt be admitted, preempted for its next chunk, readmitted... without end).
-            missing = self.blocks.num_missing_blocks(request.req_id, request.num_tokens) - shared
-            return missing <= self.blocks.num_free_blocks
+            return self.blocks.num_missing_blocks(request.req_id, request.num_tokens) - len(reused) <= free
         reserved = sum(self.blocks.num_missing_blocks(r.req_id, r.max_total_tokens) for r in self.running)
-        needed = blocks_for(request.max_total_tokens, self.blocks.block_size) - shared
-        return needed + reserved <= self.blocks.num_free_blocks
+        needed = blocks_for(request.max_total_tokens, self.blocks.block_size) - len(reused)
+        return needed + reserved <= free
 
     def _schedule(self, out: SchedulerOutput, request: Request, num_tokens: int) -> None:
         end = request.num_computed_tokens + num_tokens

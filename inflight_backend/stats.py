@@ -17,6 +17,10 @@ class EngineStats:
     num_preempted_waiting: int = 0  # waiting requests that were preempted and will recompute
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
+    kv_blocks_cached: int = 0  # nobody holds them; their content is kept for reuse until evicted
+    num_cached_tokens: int = 0  # prompt tokens taken as computed blocks (prefix cache, sibling sequences)
+    num_reused_blocks: int = 0
+    num_evicted_blocks: int = 0
     last_step_prefill_tokens: int = 0
     last_step_decode_tokens: int = 0
     last_step_num_seqs: int = 0
@@ -47,4 +51,8 @@ class EngineStats:
         self.num_running, self.num_waiting = len(scheduler.running), len(scheduler.waiting)
         self.num_preempted_waiting = sum(1 for r in scheduler.waiting if r.num_preemptions)
         self.num_preemptions = scheduler.num_preemptions
-        self.kv_blocks_used = scheduler.blocks.num_used_blocks
+        blocks = scheduler.blocks
+        self.kv_blocks_used, self.kv_blocks_cached = blocks.num_used_blocks, blocks.num_cached_blocks
+        self.num_cached_tokens = scheduler.num_cached_tokens
+        self.num_reused_blocks = blocks.counters.num_reused_blocks
+        self.num_evicted_blocks = blocks.counters.num_evictions

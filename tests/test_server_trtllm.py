@@ -264,7 +264,8 @@ def test_num_return_sequences_each_with_its_sequence_index(server):
     seed + its index; sequences 1 and 2 reused the prompt's full KV blocks (kv_cache_reused_blocks)."""
     extra = {"num_return_sequences": ([[3]], "INT32"), "seed": ([[11]], "UINT64"),
              "return_perf_metrics": ([[True]], "BOOL")}
-    got, error = stream(url(server), "ensemble", ensemble_inputs(PROMPT, 10, True, **extra))
+    prompt = "Sequences: " + PROMPT  # a prefix no earlier request left in the prefix cache
+    got, error = stream(url(server), "ensemble", ensemble_inputs(prompt, 10, True, **extra))
     assert error is None
     seqs, reused = {}, {}
     for r in got:
@@ -273,11 +274,11 @@ def test_num_return_sequences_each_with_its_sequence_index(server):
         if r.as_numpy("kv_cache_reused_blocks") is not None:
             reused[index] = int(r.as_numpy("kv_cache_reused_blocks")[0][0])
     assert sorted(seqs) == [0, 1, 2]
-    prompt_blocks = len(TOKENIZER.encode(PROMPT).ids[:-1]) // 16
+    prompt_blocks = len(TOKENIZER.encode(prompt).ids[:-1]) // 16
     assert reused == {0: 0, 1: prompt_blocks, 2: prompt_blocks} and prompt_blocks >= 2
     for s in range(3):
         alone, error = stream(url(server), "ensemble",
-                              ensemble_inputs(PROMPT, 10, True, seed=([[11 + s]], "UINT64")))
+                              ensemble_inputs(prompt, 10, True, seed=([[11 + s]], "UINT64")))
         assert error is None and [t for r in alone for t in r.as_numpy("output_ids")[0][0]] == seqs[s]
 
 

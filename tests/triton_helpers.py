@@ -43,6 +43,7 @@ class StreamResult:
     finish_reason: str | None = None
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None
+    num_cached_tokens: int | None = None
     error: str | None = None
     final: bool = False
     output_names: set[str] = field(default_factory=set)  # every output any response carried
@@ -101,6 +102,8 @@ def _collect(out: StreamResult, result, when: float) -> None:
         out.num_input_tokens = int(count[0])
     if (count := result.as_numpy("num_output_tokens")) is not None:
         out.num_output_tokens = int(count[0])
+    if (count := result.as_numpy("num_cached_tokens")) is not None:
+        out.num_cached_tokens = int(count[0])
 
 
 def http_post(port: int, path: str, body: dict) -> tuple[int, str]:
