@@ -4,7 +4,9 @@
         --workload build/bench/workload.jsonl --mode saturation \\
         --targets engine:static engine:prefill_first engine:fused engine:fused+chunked triton:fused hf:static hf:batch
 
-Targets: `engine:POLICY[+chunked]` (in-process), `triton:POLICY[+chunked]` (a real tritonserver, gRPC streaming);
+Targets: `engine:POLICY[+chunked][+noreuse]` (in-process), `triton:POLICY[+chunked][+noreuse]` (a real
+tritonserver, gRPC streaming); `+noreuse` turns prefix caching (`enable_kv_cache_reuse`) off, `+cacheaware`
+admits longest cached prefix first (`cache_aware_admission_ms` 1000);
 `+chunkedN` sets that target's token budget to N instead of --chunked-max-num-tokens, `+chunkedNcapC` also caps
 one request's prompt tokens per step at C (`max_chunk_tokens`);
 `hf:static` (transformers `generate`, static batches), `hf:batch` (transformers' continuous batching).
@@ -25,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import targets as T  # noqa: E402
 from benchmarks.records import percentile, summarize  # noqa: E402
-from benchmarks.workload import load  # noqa: E402
+from benchmarks.workload import WorkItem, load  # noqa: E402
 
 
 def make_target(spec: str, args, workdir: Path):
@@ -33,16 +35,23 @@ def make_target(spec: str, args, workdir: Path):
     if system == "hf":
         cls = {"static": T.HFStaticTarget, "batch": T.HFContinuousTarget}[policy]
         return cls(args.checkpoint, args.max_batch_size, args.dtype)
-    name, _, chunked = policy.partition("+")
+    name, *flags = policy.split("+")
+    unknown = [f for f in flags if f not in ("noreuse", "cacheaware") and not f.startswith("chunked")]
+    if unknown:
+        raise SystemExit(f"unknown target suffix(es) {unknown}")
+    reuse = "noreuse" not in flags
+    chunked = next((f for f in flags if f.startswith("chunked")), "")
     budget, cap = chunk_budget(chunked, args.chunked_max_num_tokens) if chunked else (args.max_num_tokens, 0)
     params = dict(batching_policy=name, enable_chunked_prefill=bool(chunked), max_batch_size=args.max_batch_size,
                   max_num_tokens=budget, max_chunk_tokens=cap, block_size=args.block_size,
                   num_kv_blocks=args.num_kv_blocks, max_queue_delay_ms=args.max_queue_delay_ms, dtype=args.dtype,
-                  linear_backend=args.linear_backend)
+                  linear_backend=args.linear_backend, enable_kv_cache_reuse=reuse,
+                  cache_aware_admission_ms=1000.0 if "cacheaware" in flags else 0.0)
     if system == "engine":
         return T.EngineTarget(args.checkpoint, **params)
     if system == "triton":
         params["enable_chunked_prefill"] = str(bool(chunked)).lower()
+        params["enable_kv_cache_reuse"] = str(reuse).lower()
         return T.TritonTarget(args.checkpoint, workdir / spec.replace(":", "-").replace("+", "-"), **params)
     raise SystemExit(f"unknown target {spec!r}")
 
@@ -135,7 +144,9 @@ def run_target(spec: str, args, workdir: Path, items, rnd: int) -> list[dict]:
     runs = []
     target = make_target(spec, args, workdir)
     try:
-        target.run(items[: args.warmup], [0.0] * args.warmup)
+        # Warm-up prompts are the first items reversed: nothing of them is left for the measured run to reuse.
+        warmup = [WorkItem(item.prompt_ids[::-1], item.output_len) for item in items[: args.warmup]]
+        target.run(warmup, [0.0] * len(warmup))
         for label, arrivals, concurrency in arrival_sets(args, len(items)):
             records, extra = target.run(items, arrivals, concurrency)
             runs.append({"target": spec, "load": label, "round": rnd, **summarize(records, extra),
@@ -175,11 +186,18 @@ def ratio_table(runs: list[dict], pairs: list[tuple[str, str]], metric: str = "o
 
 def table(runs: list[dict]) -> str:
     head = ("| target | load | out tok/s | req/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | E2E p99 (s) | "
-            "overhead | preempt |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+            "overhead | preempt | prefix hit |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = [f"| {r['target']}{_round(r)} | {r['load']} | {r['output_tokens_per_s']:.1f} | {r['requests_per_s']:.2f} | "
             f"{r['ttft_p50_s']:.2f} / {r['ttft_p99_s']:.2f} | {r['itl_p50_s'] * 1e3:.1f} / {r['itl_p99_s'] * 1e3:.1f} | "
-            f"{r['e2e_p99_s']:.2f} | {_pct(r.get('overhead_fraction'))} | {r.get('preemptions', '')} |" for r in runs]
+            f"{r['e2e_p99_s']:.2f} | {_pct(r.get('overhead_fraction'))} | {r.get('preemptions', '')} | "
+            f"{_pct(_hit_rate(r))} |" for r in runs]
     return "\n".join([head, *rows])
+
+
+def _hit_rate(run: dict) -> float | None:
+    """Prompt tokens served from the prefix cache over all prompt tokens (cached + computed)."""
+    cached, computed = run.get("cached_prompt_tokens"), run.get("computed_prompt_tokens")
+    return None if cached is None or computed is None else cached / max(cached + computed, 1)
 
 
 def _round(run: dict) -> str:

@@ -111,7 +111,9 @@ def _engine_extra(engine, before) -> dict:
     pool_tokens = engine.blocks.num_blocks * engine.blocks.block_size
     return {"steps": steps, "overhead_fraction": (schedule + sample) / max(schedule + model + sample, 1e-9),
             "kv_token_utilisation": (s.kv_tokens_used_sum - before.kv_tokens_used_sum) / max(steps * pool_tokens, 1),
-            "preemptions": s.num_preemptions - before.num_preemptions}
+            "preemptions": s.num_preemptions - before.num_preemptions,
+            "cached_prompt_tokens": s.num_cached_tokens - before.num_cached_tokens,
+            "computed_prompt_tokens": s.num_prompt_tokens - before.num_prompt_tokens}
 
 
 class TritonTarget:
@@ -135,6 +137,7 @@ class TritonTarget:
         records = new_records(items, arrivals)
         sub = Submitter(records, concurrency)
         before = self._phase_seconds()
+        cache_before = self._prompt_tokens()
         cpu_before = self._cpu_seconds()
 
         def callback(result, error):
@@ -175,7 +178,16 @@ class TritonTarget:
         spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         busy = spent.get("schedule", 0) + spent.get("model", 0) + spent.get("sample", 0)
         overhead = spent.get("schedule", 0) + spent.get("sample", 0) + spent.get("respond", 0)
-        return records, {"overhead_fraction": overhead / max(busy, 1e-9), "cpu_seconds": cpu}
+        cache = {k: v - cache_before[k] for k, v in self._prompt_tokens().items()}
+        return records, {"overhead_fraction": overhead / max(busy, 1e-9), "cpu_seconds": cpu, **cache}
+
+    def _prompt_tokens(self) -> dict[str, float]:
+        """Prompt tokens served from the prefix cache and computed, so far (from /metrics)."""
+        from inflight_backend.server import read_metrics
+
+        values = {name: v for (name, _), v in read_metrics(self.server.metrics_port).items()}
+        return {"cached_prompt_tokens": values.get("inflight_prefix_cache_tokens_total", 0.0),
+                "computed_prompt_tokens": values.get("inflight_prompt_tokens_total", 0.0)}
 
     def _cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) so far of tritonserver, of the model's stub process, and of this client."""

@@ -34,6 +34,7 @@ class EngineConfig:
     max_num_tokens: int = 1024  # packed tokens per iteration (prefill + decode)
     enable_chunked_prefill: bool = False
     enable_kv_cache_reuse: bool = True  # prefix caching: full blocks of computed prefixes are reused by later requests
+    cache_aware_admission_ms: float = 0.0  # > 0: admit longest cached prefix first, none passed over longer; 0: off
     max_chunk_tokens: int = 0  # chunked prefill: most prompt tokens one request computes per step; 0: the budget
     batching_policy: str = "fused"  # static | prefill_first | fused
     capacity_policy: str = "guaranteed_no_evict"  # guaranteed_no_evict | max_utilization
@@ -73,6 +74,7 @@ class EngineConfig:
         _check(self.max_queue_delay_ms >= 0, "max_queue_delay_ms must be >= 0")
         _check(self.max_queue_size >= 0, "max_queue_size must be >= 0")
         _check(self.priority_aging_s > 0, "priority_aging_s must be > 0")
+        _check(self.cache_aware_admission_ms >= 0, "cache_aware_admission_ms must be >= 0")
 
     @classmethod
     def from_parameters(cls, params: dict[str, str], base_dir: str = ".") -> "EngineConfig":

@@ -85,7 +85,7 @@ class InflightEngine:
         self.scheduler = Scheduler(SchedulerConfig(
             config.max_batch_size, config.max_num_tokens, config.enable_chunked_prefill, config.batching_policy,
             config.capacity_policy, config.max_queue_delay_ms / 1000.0, config.priority_aging_s,
-            config.max_chunk_tokens), self.blocks)
+            config.max_chunk_tokens, config.cache_aware_admission_ms / 1000.0), self.blocks)
         self.runner = runner or _make_runner(config, num_blocks)
         self.sampler = Sampler()
         self.stats = EngineStats(kv_blocks_total=num_blocks)

@@ -299,6 +299,11 @@ class TritonPythonModel:
     def _accumulate(self, seq: _Sequence, out: RequestOutput) -> None:
         seq.texts.append(out.text)
         seq.ids += out.token_ids
+        self._accumulate_info(seq, out)
+
+    @staticmethod
+    def _accumulate_info(seq: _Sequence, out: RequestOutput) -> None:
+        """Keep what a response may need of the tokens so far: log-probabilities, logits, the prompt's logits."""
         if out.context_logits is not None:
             seq.context_logits = out.context_logits
         info = out.token_info
@@ -310,24 +315,34 @@ class TritonPythonModel:
             seq.logprobs.append(info.logprob)
             seq.top.append(info.top)
             seq.cum_logprob += info.logprob
-        if info.logits is not None:
+        if info.logits is not None and not seq.call.stream:  # a stream sends each token's logits once
             if seq.logits is None:
                 seq.logits = []
             seq.logits.append(info.logits)
 
     def _tensors(self, seq: _Sequence, out: RequestOutput, text: str, ids: list[int], accumulated: bool = False):
-        """This sequence's part of a response (new tokens when streaming, all when not)."""
+        """This sequence's part of a response (new tokens when streaming, all when not). TensorRT-LLM's batched
+        layout streams as TensorRT-LLM does: every response carries the prompt's logits and the log-probabilities
+        of all tokens so far; the unbatched one sends each once."""
         piece = responses.Piece(text, ids, seq.ids if accumulated else ids, seq.batch_index, seq.sequence_index,
                                 final=out if out.finished else None, num_input_tokens=seq.num_input_tokens)
         if seq.returns:
-            piece.context_logits = seq.context_logits if accumulated else out.context_logits
+            so_far = accumulated or seq.call.batched
+            if not accumulated:
+                self._accumulate_info(seq, out)
+                if so_far:
+                    seq.ids += out.token_ids
+            piece.context_logits = seq.context_logits if so_far else out.context_logits
+            if so_far:
+                piece.logprobs, piece.top = seq.logprobs, seq.top
+                if not accumulated:  # the log-probabilities are of every token so far, not only this response's
+                    piece.generated = seq.ids
+            elif out.token_info is not None and out.token_info.logprob is not None:
+                piece.logprobs, piece.top = [out.token_info.logprob], [out.token_info.top]
             if accumulated:
-                piece.logprobs, piece.top, piece.logits = seq.logprobs, seq.top, seq.logits
-            elif (info := out.token_info) is not None:
-                if info.logprob is not None:
-                    piece.logprobs, piece.top = [info.logprob], [info.top]
-                    seq.cum_logprob += info.logprob
-                piece.logits = None if info.logits is None else [info.logits]
+                piece.logits = seq.logits
+            elif out.token_info is not None and out.token_info.logits is not None:
+                piece.logits = [out.token_info.logits]
             piece.cum_logprob = seq.cum_logprob
         blocks = self.loop.blocks_for(out.num_input_tokens + out.num_output_tokens - 1) if out.finished else 0
         return responses.tensors(piece, seq.returns, seq.return_perf_metrics, seq.call.outputs,

@@ -28,6 +28,7 @@ class SchedulerConfig:
     max_queue_delay_s: float = 0.0  # static: how long a partial batch waits for more requests
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds
     max_chunk_tokens: int = 0  # chunked prefill: one request's prompt tokens per step; 0: the whole budget
+    cache_aware_wait_s: float = 0.0  # > 0: longest cached prefix first among equals, for at most this long
 
     @property
     def chunk_limit(self) -> int:
@@ -63,6 +64,9 @@ class SchedulerOutput:
 def is_decode(request: Request) -> bool:
     """One generated token left to compute: a decode step (anything else computes prompt or recomputes)."""
     return bool(request.output_ids) and request.num_uncomputed_tokens == 1
+
+
+CACHE_AWARE_WINDOW = 64
 
 
 class Scheduler:
@@ -171,7 +175,27 @@ class Scheduler:
             return (r.num_preemptions == 0, -(r.priority + (now - r.arrival_time) / aging), r.arrival_time)
 
         ready = [r for r in self.waiting if not _awaits_source(r)]
-        return min(ready, key=key) if ready else None
+        if not ready:
+            return None
+        if self.config.cache_aware_wait_s > 0 and self.blocks.enable_reuse:
+            return self._cache_aware_next(ready, now)
+        return min(ready, key=key)
+
+    def _cache_aware_next(self, ready: list[Request], now: float) -> Request:
+        """SGLang's longest-prefix-first, bounded: within a priority level, a request whose prompt has more blocks
+        in the cache goes first, unless another has waited `cache_aware_wait_s` (then arrival order). Only the
+        oldest CACHE_AWARE_WINDOW waiting requests are looked up, so a long queue costs no more than that."""
+        aging, bound, size = self.config.priority_aging_s, self.config.cache_aware_wait_s, self.blocks.block_size
+        window = sorted(ready, key=lambda r: r.arrival_time)[:CACHE_AWARE_WINDOW]
+
+        def key(r: Request):
+            age = now - r.arrival_time
+            starving = age >= bound
+            cached = 0 if starving else len(self.blocks.lookup(r.token_ids(0, r.num_tokens),
+                                                               (r.num_tokens - 1) // size))
+            return (r.num_preemptions == 0, -int(r.priority + age / aging), not starving, -cached, r.arrival_time)
+
+        return min(window, key=key)
 
     def _reusable(self, request: Request) -> list[int]:
         """Computed full blocks `request` can take instead of computing them: its prefix's, found in the cache, or

@@ -11,8 +11,8 @@ import pytest
 
 from benchmarks.timeline import step_kind_table
 from benchmarks.records import RequestRecord, percentile, summarize
-from benchmarks.serve_bench import arrival_sets, chunk_budget, ratio_table
-from benchmarks.workload import load, make_workload, save
+from benchmarks.serve_bench import arrival_sets, chunk_budget, make_target, ratio_table
+from benchmarks.workload import load, make_chat_workload, make_system_prompt_workload, make_workload, save
 
 
 def test_workload_follows_its_distributions():
@@ -104,3 +104,36 @@ def test_step_kind_table_splits_time_by_kind_of_step():
     assert rows["prompt only"][:3] == ["0.10", "1", "100"]
     assert rows["decode only"][:4] == ["0.04", "2", "0", "3"]
     assert rows["mixed"][0] == "0.20" and rows["mixed"][-1].strip(" |") == "1000.0"  # 0.2 s / 200 prompt tokens
+
+
+def test_chat_workload_resends_each_conversations_history_turn_by_turn():
+    """Turn t+1 of a conversation is its turn t prompt, that turn's answer, then a new question; every
+    conversation starts with the one system prompt; requests come turn-major."""
+    answers = lambda prompts, n: [[len(p) % 200] * n for p in prompts]  # noqa: E731 (a stand-in model)
+    items = make_chat_workload(24, seed=2, system_len=40, turns=3, answer_len=5, answer=answers)
+    conversations = 8
+    for c in range(conversations):
+        turns = [items[t * conversations + c] for t in range(3)]
+        assert all(t.prompt_ids[:40] == items[0].prompt_ids[:40] for t in turns)
+        for before, after in zip(turns, turns[1:]):
+            said = answers([before.prompt_ids], 5)[0]
+            assert after.prompt_ids[:len(before.prompt_ids) + 5] == before.prompt_ids + said
+            assert len(after.prompt_ids) > len(before.prompt_ids) + 5
+    system = make_system_prompt_workload(40, seed=1, systems=3, system_len=30)
+    assert len({tuple(i.prompt_ids[:30]) for i in system}) == 3
+
+
+def test_target_suffixes_set_reuse_and_cache_aware_admission(monkeypatch):
+    import benchmarks.serve_bench as sb
+
+    made = {}
+    monkeypatch.setattr(sb.T, "EngineTarget", lambda checkpoint, **params: made.update(params) or params)
+    args = argparse.Namespace(checkpoint="x", chunked_max_num_tokens=256, max_num_tokens=2048, max_batch_size=8,
+                              block_size=16, num_kv_blocks=0, max_queue_delay_ms=0, dtype="float32",
+                              linear_backend="auto")
+    make_target("engine:fused+chunked+noreuse", args, None)
+    assert not made["enable_kv_cache_reuse"] and made["enable_chunked_prefill"]
+    make_target("engine:fused+cacheaware", args, None)
+    assert made["enable_kv_cache_reuse"] and made["cache_aware_admission_ms"] > 0
+    with pytest.raises(SystemExit):
+        make_target("engine:fused+nonsense", args, None)

@@ -117,3 +117,23 @@ def test_a_repeated_prompt_is_served_from_the_cache_and_tails_are_evicted_first(
     assert bm.counters.num_evictions == 1
     assert bm.lookup(prompt, 2) == bm.lookup(prompt, 1)  # the tail block went first; the head is still found
     bm.check_integrity()
+
+
+def test_cache_aware_admission_prefers_cached_prefixes_but_not_forever():
+    """With cache_aware_wait_s, of two waiting requests the one whose prompt is cached goes first; once the other
+    has waited the bound, arrival order again."""
+    bm = BlockManager(num_blocks=64, block_size=4, enable_reuse=True)
+    sched = Scheduler(SchedulerConfig(1, 64, cache_aware_wait_s=5.0), bm)
+    cached_prompt = list(range(20))
+    bm.allocate("warm", 20)
+    bm.commit("warm", lambda a, b: cached_prompt[a:b], 20)
+    bm.free("warm")
+    cold = Request("cold", [99] * 20, SamplingParams(max_tokens=1))
+    warm = Request("hot", cached_prompt, SamplingParams(max_tokens=1))
+    cold.arrival_time, warm.arrival_time = 100.0, 100.5
+    sched.waiting = [cold, warm]
+    assert sched._cache_aware_next([cold, warm], 101.0) is warm  # younger, but its prefix is cached
+    assert sched._cache_aware_next([cold, warm], 105.5) is cold  # cold has waited 5.5 s: arrival order
+    plain = Scheduler(SchedulerConfig(1, 64), bm)
+    plain.waiting = [cold, warm]
+    assert plain._next_waiting() is cold

@@ -148,6 +148,7 @@ def test_perf_metrics_outputs_are_ordered(policy_server):
     while not got and time.monotonic() < deadline:
         time.sleep(0.05)
     client.stop_stream()
+    client.close()
     result, error = got[0]
     assert error is None
     stamps = [int(result.as_numpy(name)[0]) for name in

@@ -218,14 +218,15 @@ def test_log_probs_and_generation_logits_in_tensorrt_llms_shapes(server, oracle)
     logits = oracle.logits(ids + want)[len(ids) - 1:len(ids) - 1 + len(want)].numpy()
     got, error = stream(url(server), "ensemble", core_inputs(ids, 12, streaming=True, **flags))
     assert error is None
-    streamed = np.concatenate([r.as_numpy("output_log_probs")[0][0] for r in got])
-    np.testing.assert_allclose(streamed, chosen, atol=1e-4)
+    # streamed as TensorRT-LLM streams them: each response has the log-probabilities of every token so far
+    for n, r in enumerate(got, start=1):
+        np.testing.assert_allclose(r.as_numpy("output_log_probs")[0][0], chosen[:n], atol=1e-4)
     np.testing.assert_allclose(got[-1].as_numpy("cum_log_probs")[0][0], chosen.sum(), atol=1e-3)
     streamed_logits = np.concatenate([r.as_numpy("generation_logits")[0][0] for r in got])
     np.testing.assert_allclose(streamed_logits, logits, atol=1e-4)
-    context = [r.as_numpy("context_logits") for r in got if r.as_numpy("context_logits") is not None]
-    assert len(context) == 1 and context[0].shape == (1, len(ids), logits.shape[-1])
-    np.testing.assert_allclose(context[0][0], oracle.logits(ids).numpy(), atol=1e-4)
+    context = [r.as_numpy("context_logits") for r in got]  # on every response, as TensorRT-LLM sends them
+    assert all(c is not None and c.shape == (1, len(ids), logits.shape[-1]) for c in context)
+    np.testing.assert_allclose(context[-1][0], oracle.logits(ids).numpy(), atol=1e-4)
     result = grpcclient.InferenceServerClient(url(server)).infer("tensorrt_llm", core_inputs(ids, 12, **flags))
     np.testing.assert_allclose(result.as_numpy("context_logits")[0], oracle.logits(ids).numpy(), atol=1e-4)
     np.testing.assert_allclose(result.as_numpy("output_log_probs")[0][0], chosen, atol=1e-4)

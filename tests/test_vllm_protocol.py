@@ -43,6 +43,7 @@ def vllm_client_request(url, prompt, stream, sampling_parameters, exclude_input_
                 return texts, None
     finally:
         client.stop_stream()
+        client.close()  # an idle open channel would keep the model from unloading at shutdown
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +120,7 @@ def vllm_stream(url, prompt, sampling_parameters, flags=(), outputs=("text_outpu
                 return got, None
     finally:
         client.stop_stream()
+        client.close()  # an idle open channel would keep the model from unloading at shutdown
 
 
 def test_vllm_logprobs_and_cumulative_logprob(server, tiny_model, greedy):
