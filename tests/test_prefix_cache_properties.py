@@ -76,7 +76,7 @@ def run(arrivals, policy, capacity, chunked, block_size, num_blocks, reuse, max_
 
 @given(arrivals=arrivals, policy=st.sampled_from(["static", "prefill_first", "fused"]),
        capacity=st.sampled_from(["guaranteed_no_evict", "max_utilization"]), chunked=st.booleans(),
-       block_size=st.sampled_from([1, 2, 4, 16, 32]), pool_slack=st.integers(0, 12), max_chunk=st.integers(0, 24))
+       block_size=st.sampled_from([1, 2, 4, 16, 32, 64]), pool_slack=st.integers(0, 12), max_chunk=st.integers(0, 24))
 @settings(max_examples=300, deadline=None)
 def test_reuse_reads_only_what_was_written_and_changes_no_token(arrivals, policy, capacity, chunked, block_size,
                                                                  pool_slack, max_chunk):

@@ -191,3 +191,24 @@ def test_queue_full_and_never_fitting_requests_get_errors(policy_server):
     assert all(results[k].error is None and len(results[k].ids) == 2 for k in "bc")
     assert grpc_generate(url, "queue", {"text_input": "e", "max_tokens": 2, "stream": True}).error is None
     assert grpc_generate(url, "max_utilization", {"text_input": "f", "max_tokens": 2}).error is None
+
+
+@pytest.mark.parametrize("model", ["static", "prefill_first", "fused_chunked", "max_utilization"])
+def test_every_policy_reuses_cached_prefixes_and_still_gives_the_transformers_tokens(policy_server, tiny_model,
+                                                                                       model):
+    """(Last in this module: the tests above count from a fresh server.) Prefix caching (on by default) through the server, block sizes 16/32/1/32 with chunking and forced
+    preemption: users of two system prompts (prefixes ending mid-block), then each one's second turn resending
+    the first turn and its answer; every output equals transformers', and the cache served prompt tokens."""
+    from tests.test_prefix_cache import workload
+
+    oracle = Oracle(tiny_model)
+    first = workload(seed=11, system_len=60, users=6)
+    before = metric(policy_server.metrics_port, "inflight_prefix_cache_tokens_total", model)
+    results = run_concurrently(policy_server, model, first)
+    assert [r.ids for r in results] == [oracle.generate(ids, n) for ids, n in first]
+    second = [(ids + r.ids + [10], 5) for (ids, _), r in zip(first, results)]
+    results = run_concurrently(policy_server, model, second)
+    assert [r.ids for r in results] == [oracle.generate(ids, n) for ids, n in second]
+    # (metrics are published before the last open stream's final response)
+    cached = metric(policy_server.metrics_port, "inflight_prefix_cache_tokens_total", model) - before
+    assert cached >= 60 * 4  # at the least: four of six first turns and the second turns found their system prompt
