@@ -6,6 +6,15 @@ from tokenizers import Tokenizer
 _REPLACEMENT = "\ufffd"
 
 
+def byte_fallback_ids(tokenizer: Tokenizer) -> frozenset[int]:
+    """Ids of SentencePiece byte-fallback tokens (<0x00>..<0xFF>, as Llama 2 and Mistral have). Their decoder turns
+    a whole run of them into text at once (one replacement character per byte if the run is not valid UTF-8), so
+    a run's text is final only once a token of another kind ends it."""
+    vocab = tokenizer.get_vocab()
+    ids = [vocab.get(f"<0x{b:02X}>") for b in range(256)]
+    return frozenset(ids) if all(i is not None for i in ids) else frozenset()
+
+
 def special_ids(tokenizer: Tokenizer) -> frozenset[int]:
     """Ids of the tokenizer's special tokens, which `decode` skips: they never contribute text."""
     return frozenset(i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special)
@@ -14,19 +23,24 @@ def special_ids(tokenizer: Tokenizer) -> frozenset[int]:
 class IncrementalDetokenizer:
     """Decodes a growing list of output ids a few tokens at a time.
 
-    Text is released only once it no longer ends in a replacement character, so a multi-byte character split
-    over several tokens comes out whole; `flush()` releases whatever is left when the request ends. The
-    concatenation of every delta equals `tokenizer.decode(all ids)`. Special tokens (`skip`, from
+    Text is released only once it no longer ends in a replacement character (nor, with byte fallback, in a byte
+    token), so a multi-byte character split over several tokens comes out whole; `flush()` releases whatever is
+    left when the request ends. The concatenation of every delta equals `tokenizer.decode(all ids)`; given the
+    prompt's ids, it equals decode(prompt + output) minus decode(prompt), the first word's leading space included. Special tokens (`skip`, from
     `special_ids`) are dropped on arrival, as `decode` drops them: kept, a run of them produces no text, so
     nothing is released and every further token would decode the whole growing run again.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip: frozenset[int] = frozenset()) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip: frozenset[int] = frozenset(), prompt_ids: list[int] = (),
+                 byte_ids: frozenset[int] = frozenset()) -> None:
         self._tokenizer = tokenizer
         self._skip = skip
-        self._ids: list[int] = []
+        self._bytes = byte_ids  # from byte_fallback_ids: text ending in one of them may still change
+        # The prompt's last tokens, decoded with the first new ones and never released: a SentencePiece decoder
+        # strips the leading space of whatever comes first in a decode, and a byte-level one may merge across.
+        self._ids: list[int] = _context(prompt_ids, skip, byte_ids)
         self._prefix_offset = 0  # ids before this are fully released and not needed for context
-        self._read_offset = 0  # ids before this have had their text released
+        self._read_offset = len(self._ids)  # ids before this have had their text released
         self.text = ""
 
     def add(self, token_id: int) -> str:
@@ -40,6 +54,8 @@ class IncrementalDetokenizer:
 
     def _release(self, final: bool) -> str:
         ids = self._ids
+        if not final and ids[-1] in self._bytes:  # a byte run's text is known once the run ends
+            return ""
         prefix = self._tokenizer.decode(ids[self._prefix_offset:self._read_offset])
         full = self._tokenizer.decode(ids[self._prefix_offset:])
         if len(full) <= len(prefix) or (full.endswith(_REPLACEMENT) and not final):
@@ -48,3 +64,18 @@ class IncrementalDetokenizer:
         self._prefix_offset, self._read_offset = self._read_offset, len(ids)
         self.text += delta
         return delta
+
+
+_CONTEXT_TOKENS = 6  # vLLM decodes the first new token with 5 prompt tokens before it
+
+
+def _context(prompt_ids, skip: frozenset[int], byte_ids: frozenset[int]) -> list[int]:
+    """The prompt's last few tokens that decode as text; one that falls inside a run of byte tokens takes the
+    whole run (its text depends on all of it)."""
+    context: list[int] = []
+    i = len(prompt_ids)
+    while i > 0 and (len(context) < _CONTEXT_TOKENS or (context[-1] in byte_ids and prompt_ids[i - 1] in byte_ids)):
+        i -= 1
+        if prompt_ids[i] not in skip:
+            context.append(prompt_ids[i])
+    return context[::-1]

@@ -15,7 +15,7 @@ import torch
 from .block_manager import BlockManager, blocks_for
 from .checkpoint import load_config, load_tokenizer
 from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer, special_ids
+from .detokenizer import IncrementalDetokenizer, byte_fallback_ids, special_ids
 from .engines.base import ModelRunner
 from .engines.step_inputs import context_rows
 from .request import RequestError  # noqa: F401 (re-exported: callers catch it from here too)
@@ -92,6 +92,7 @@ class InflightEngine:
         self._requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._special_ids = special_ids(self.tokenizer)
+        self._byte_ids = byte_fallback_ids(self.tokenizer)
         self._context_logits: dict[str, list] = {}  # return_context_logits: the prompt's rows so far
         self._unsent: dict[str, int] = {}  # requests that cut stop strings: how much of their text went out
         self._hold: dict[str, int] = {}  # and how many characters they hold back (the longest stop string's, -1)
@@ -170,7 +171,8 @@ class InflightEngine:
         if arrival_time is not None:
             request.arrival_time = arrival_time
         self._requests[req_id] = request
-        self._detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer, self._special_ids)
+        self._detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer, self._special_ids, prompt_ids,
+                                                            self._byte_ids)
         if params.stop_words and not params.include_stop_str_in_output:
             self._unsent[req_id] = 0
             self._hold[req_id] = max(len(w) for w in params.stop_words) - 1

@@ -153,7 +153,8 @@ class TritonPythonModel:
         submits = []  # (req_id, prompt ids, params, priority, the row's first sequence: its prompt blocks' source)
         for b, parsed in enumerate(rows):
             keep_input = not parsed.stream and not parsed.exclude_input_in_output
-            prefix_text = (parsed.prompt_text or self.loop.decode(parsed.prompt_ids)) if keep_input else ""
+            # decode(prompt) + the deltas (decode(prompt + output) - decode(prompt)) == decode(prompt + output)
+            prefix_text = self.loop.decode(parsed.prompt_ids) if keep_input else ""
             first = None
             for s in range(parsed.num_return_sequences):
                 req_id = str(next(self._ids))

@@ -1,4 +1,4 @@
-from inflight_backend.detokenizer import IncrementalDetokenizer, special_ids
+from inflight_backend.detokenizer import IncrementalDetokenizer, byte_fallback_ids, special_ids
 from inflight_backend.make_model import byte_level_tokenizer
 
 
@@ -45,3 +45,51 @@ def test_runs_of_special_tokens_do_not_grow_the_decoded_window():
     assert text == real_decode(ids) == "Hi日!"
     assert max(decoded) <= 4  # never the run of 200 special tokens
     assert special_ids(tok) == {256, 257, 258, 259, 260, 261}
+
+
+# SentencePiece-style (Llama 2, Mistral): byte fallback, `▁` for spaces, one leading space stripped per decode.
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.tokenizer_fixtures import sentencepiece_style_tokenizer  # noqa: E402
+
+SP = sentencepiece_style_tokenizer()
+
+
+def stream(tok, prompt_ids, output_ids):
+    detok = IncrementalDetokenizer(tok, special_ids(tok), prompt_ids, byte_fallback_ids(tok))
+    parts = [detok.add(i) for i in output_ids]
+    parts.append(detok.flush())
+    return parts
+
+
+def test_the_first_generated_word_keeps_its_leading_space():
+    """Llama 2's bug: decoding the output alone strips the space before its first word."""
+    prompt = SP.encode("hello world").ids
+    output = SP.encode(" momentum fox", add_special_tokens=False).ids[1:]  # the words' tokens, no extra `▁`
+    whole = SP.decode(prompt + output)
+    assert whole.startswith(SP.decode(prompt)) and not SP.decode(output).startswith(" ")
+    parts = stream(SP, prompt, output)
+    assert "".join(parts) == whole[len(SP.decode(prompt)):]
+    assert parts[0].startswith(" ") or "".join(parts).startswith(" ")
+
+
+ids_strategy = st.lists(st.integers(0, SP.get_vocab_size() - 1), max_size=40)
+
+
+@given(prompt=st.lists(st.integers(0, SP.get_vocab_size() - 1), min_size=1, max_size=20), output=ids_strategy)
+@settings(max_examples=400, deadline=None)
+def test_deltas_are_the_decode_of_prompt_and_output_minus_the_prompts(prompt, output):
+    """For any ids (invalid byte runs and special tokens included): the streamed deltas concatenate to
+    decode(prompt + output) - decode(prompt) whenever the prompt's text is a prefix of the whole text (a character
+    whose bytes straddle the two has no such split)."""
+    whole, head = SP.decode(prompt + output), SP.decode(prompt)
+    text = "".join(stream(SP, prompt, output))
+    if whole.startswith(head):
+        assert text == whole[len(head):]
+
+
+@given(output=ids_strategy)
+@settings(max_examples=400, deadline=None)
+def test_without_a_prompt_the_deltas_are_the_decode(output):
+    assert "".join(stream(SP, [], output)) == SP.decode(output)

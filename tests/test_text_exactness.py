@@ -1,0 +1,56 @@
+"""Text exactly as the tokenizer writes it, through the engine, with a SentencePiece-style tokenizer (Llama 2's
+structure): streamed deltas are decode(prompt + output) - decode(prompt), the first generated word keeps its
+leading space, and a stop word on that first word matches."""
+import pytest
+
+from inflight_backend.config import EngineConfig
+from inflight_backend.engine import InflightEngine
+from inflight_backend.request import SamplingParams
+from tests.tokenizer_fixtures import sentencepiece_checkpoint
+
+PROMPTS = ["hello world", "the quick brown fox", "naïve café", "日本語 Grüße", "emoji 🙂", "tab\there", "a\r\nb",
+           "  indented", "hello world momentum"]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = sentencepiece_checkpoint(str(tmp_path_factory.mktemp("sp-llama")))
+    return InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=128))
+
+
+def generate(engine, prompt_ids, **params):
+    engine.add_request("x", prompt_ids, SamplingParams(max_tokens=params.pop("max_tokens", 16), **params))
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    return outs
+
+
+def test_streamed_text_is_the_whole_decode_minus_the_prompts(engine):
+    tok = engine.tokenizer
+    checked = 0
+    for prompt in PROMPTS:
+        ids = engine.encode(prompt)
+        outs = generate(engine, ids)
+        output_ids = [t for out in outs for t in out.token_ids]
+        whole, head = tok.decode(ids + output_ids), tok.decode(ids)
+        if not whole.startswith(head):  # the prompt ends in byte tokens the output's continue: no such split
+            continue
+        assert "".join(out.text for out in outs) == whole[len(head):]
+        checked += 1
+    assert checked >= len(PROMPTS) - 2
+
+
+def test_a_stop_word_on_the_first_generated_word_matches(engine):
+    """The first word's leading space is part of the output text, so a stop word that includes it matches."""
+    matched = 0
+    for prompt in PROMPTS:
+        ids = engine.encode(prompt)
+        text = "".join(out.text for out in generate(engine, ids))
+        if not text.startswith(" ") or len(text.split(" ")[1]) < 2:
+            continue
+        word = " " + text.split(" ")[1][:2]
+        outs = generate(engine, ids, stop_words=(word,))
+        assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == word
+        matched += 1
+    assert matched >= 1
