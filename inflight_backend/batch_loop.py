@@ -48,6 +48,9 @@ class BatchLoop:
     def encode(self, text: str) -> list[int]:
         return self.engine.encode(text)
 
+    def encode_chat(self, messages: list[dict]) -> tuple[str, list[int]]:
+        return self.engine.encode_chat(messages)
+
     def encode_word(self, word: str) -> list[int]:
         """A bad or stop word's tokens, without special tokens (as TensorRT-LLM's preprocessing)."""
         return self.engine.tokenizer.encode(word, add_special_tokens=False).ids

@@ -1,6 +1,8 @@
-"""Loads a Hugging Face Llama checkpoint directory: config.json, *.safetensors (sharded too), tokenizer.json."""
+"""Loads a Hugging Face Llama checkpoint directory: config.json (with generation_config.json's end ids where
+present), *.safetensors (sharded too), tokenizer.json."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from glob import glob
@@ -31,7 +33,20 @@ def load_config(path: str) -> LlamaConfig:
     window = raw.get("sliding_window")
     if window and window < raw.get("max_position_embeddings", 0):
         raise CheckpointError(f"{path}: sliding-window attention ({window} tokens) is not supported")
-    return LlamaConfig.from_hf(raw)
+    config = LlamaConfig.from_hf(raw)
+    generation = _generation_config(path)
+    if generation.get("eos_token_id") is not None:  # what transformers' generate stops at (Llama 3 lists three)
+        eos = generation["eos_token_id"]
+        config = dataclasses.replace(config, eos_token_ids=tuple(eos if isinstance(eos, list) else [eos]))
+    return config
+
+
+def _generation_config(path: str) -> dict:
+    file = os.path.join(path, "generation_config.json")
+    if not os.path.isfile(file):
+        return {}
+    with open(file) as f:
+        return json.load(f)
 
 
 def load_tokenizer(path: str) -> Tokenizer:

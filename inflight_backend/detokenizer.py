@@ -26,9 +26,9 @@ class IncrementalDetokenizer:
     Text is released only once it no longer ends in a replacement character (nor, with byte fallback, in a byte
     token), so a multi-byte character split over several tokens comes out whole; `flush()` releases whatever is
     left when the request ends. The concatenation of every delta equals `tokenizer.decode(all ids)`; given the
-    prompt's ids, it equals decode(prompt + output) minus decode(prompt), the first word's leading space included. Special tokens (`skip`, from
-    `special_ids`) are dropped on arrival, as `decode` drops them: kept, a run of them produces no text, so
-    nothing is released and every further token would decode the whole growing run again.
+    prompt's ids, it equals decode(prompt + output) minus decode(prompt), the first word's leading space included.
+    Special tokens (`skip`, from `special_ids`) are dropped on arrival, as `decode` drops them: kept, a run of
+    them produces no text, so nothing is released and every further token would decode the whole growing run.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip: frozenset[int] = frozenset(), prompt_ids: list[int] = (),

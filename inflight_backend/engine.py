@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .block_manager import BlockManager, blocks_for
+from .chat import ChatTemplate
 from .checkpoint import load_config, load_tokenizer
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer, byte_fallback_ids, special_ids
@@ -78,6 +79,7 @@ class InflightEngine:
         self.config = config
         self.model_config = load_config(config.checkpoint)
         self.tokenizer = load_tokenizer(config.checkpoint)
+        self.chat_template = ChatTemplate.from_checkpoint(config.checkpoint)
         self.max_model_len = self.model_config.max_position_embeddings
         num_blocks = config.num_kv_blocks or config.max_batch_size * blocks_for(self.max_model_len,
                                                                                  config.block_size)
@@ -118,6 +120,16 @@ class InflightEngine:
         if len(encoding) > limit:
             raise PromptTooLarge(f"the prompt is {len(encoding)} tokens; the limit is {limit} (max_prompt_tokens)")
         return encoding.ids
+
+    def encode_chat(self, messages: list[dict]) -> tuple[str, list[int]]:
+        """Messages rendered with the checkpoint's chat template, and the text's ids (no special tokens added: the
+        template writes them). Safe from any thread."""
+        if self.chat_template is None:
+            raise RequestError("input 'messages': this model's checkpoint has no chat template "
+                               "(tokenizer_config.json)")
+        text = self.chat_template.render(messages)
+        encoding = self.tokenizer.encode_batch([text], add_special_tokens=False)[0]
+        return text, encoding.ids
 
     def prompt_limits(self) -> PromptLimits:
         """What the entry checks before decoding and tokenizing a prompt (parameters, else from the context)."""

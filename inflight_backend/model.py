@@ -180,7 +180,7 @@ class TritonPythonModel:
         get = partial(_input, request)
         getters = trtllm_layout.split_rows(get) if self.batched else [get]
         rows = [protocol.parse_request(g, self.loop.encode, self.config.default_max_tokens, self.limits, sampling,
-                                       self.loop.encode_word, self.batched) for g in getters]
+                                       self.loop.encode_word, self.batched, self.loop.encode_chat) for g in getters]
         for parsed in rows:
             if parsed.stream and not self.decoupled:
                 raise RequestError("stream=true needs a decoupled model: this one answers each request once "

@@ -24,6 +24,7 @@ INPUTS = {
     "text_input": ("TYPE_STRING", [1]),  # as vLLM's backend and TensorRT-LLM's ensemble declare it
     "input_ids": ("TYPE_INT32", [-1]),
     "input_lengths": ("TYPE_INT32", [1]),  # must not exceed input_ids' length; the ids past it are padding
+    "messages": ("TYPE_STRING", [1]),  # instead of a prompt: OpenAI-format chat messages, JSON
     "max_tokens": ("TYPE_INT32", [1]),
     "stream": ("TYPE_BOOL", [1]),
     "temperature": ("TYPE_FP32", [1]),
@@ -199,12 +200,14 @@ RETURNS = {"return_log_probs": ("output_log_probs", "cum_log_probs"), "return_cu
 
 def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str], list[int]],
                   default_max_tokens: int, limits: PromptLimits, sampling: dict | None = None,
-                  encode_word: Callable[[str], list[int]] | None = None, batched: bool = False) -> ParsedRequest:
+                  encode_word: Callable[[str], list[int]] | None = None, batched: bool = False,
+                  chat: Callable[[list[dict]], tuple[str, list[int]]] | None = None) -> ParsedRequest:
     """Read a request's inputs; raise RequestError with a message for the client on anything invalid.
     `sampling`: values from vLLM sampling parameters (`vllm_protocol`), by our input names; an input given
     both ways must agree. `encode_word` tokenizes a bad word without special tokens. `batched`: a row of
     TensorRT-LLM's batched layout, where exclude_input_in_output applies to non-streamed responses only (a stream
-    never echoes the prompt; the unbatched layout follows vLLM's backend, which refuses the combination)."""
+    never echoes the prompt; the unbatched layout follows vLLM's backend, which refuses the combination).
+    `chat(messages) -> (text, ids)` renders and tokenizes a `messages` request with the chat template."""
     sampling = sampling or {}
 
     def value(name, default, kind):
@@ -224,7 +227,7 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
         return _number(array.reshape(-1)[0], given, kind)
 
     _check_unsupported(get)
-    prompt_ids, prompt_text = _prompt(get, encode, limits)
+    prompt_ids, prompt_text = _prompt(get, encode, limits, chat)
     temperature = value("temperature", 0.0, float)
     top_k = value("top_k", 0, int)
     top_p = value("top_p", 1.0, float)
@@ -302,10 +305,12 @@ def _check_unsupported(get) -> None:
                            f"{'(absent or empty)' if default is None else repr(default)} is); got {shown}")
 
 
-def _prompt(get, encode, limits: PromptLimits) -> tuple[list[int], str | None]:
-    text, ids = get("text_input"), get("input_ids")
-    if text is not None and ids is not None:
-        raise RequestError("give either text_input or input_ids, not both")
+def _prompt(get, encode, limits: PromptLimits, chat=None) -> tuple[list[int], str | None]:
+    text, ids, messages = get("text_input"), get("input_ids"), get("messages")
+    if sum(x is not None for x in (text, ids, messages)) > 1:
+        raise RequestError("give one of text_input, input_ids and messages")
+    if messages is not None:
+        return _chat_prompt(messages, chat, limits)
     if ids is not None:
         if ids.dtype.kind not in "iu":
             raise RequestError(f"input_ids must be integers, got {ids.dtype}")
@@ -334,6 +339,22 @@ def _prompt(get, encode, limits: PromptLimits) -> tuple[list[int], str | None]:
     prompt_ids = encode(prompt)
     _check_tokens(len(prompt_ids), limits)
     return prompt_ids, prompt
+
+
+def _chat_prompt(messages, chat, limits: PromptLimits) -> tuple[list[int], str]:
+    from .chat import parse_messages
+
+    if chat is None:
+        raise RequestError("input 'messages': this model's checkpoint has no chat template (tokenizer_config.json)")
+    if messages.size != 1:
+        raise RequestError(f"input 'messages' must hold one JSON string, got shape {list(messages.shape)}")
+    raw = messages.reshape(-1)[0]
+    size = len(raw) if isinstance(raw, bytes) else len(str(raw).encode("utf-8", "surrogatepass"))
+    if size > limits.max_bytes:
+        raise PromptTooLarge(f"messages is {size} bytes; the limit is {limits.max_bytes} (max_prompt_bytes)")
+    text, ids = chat(parse_messages(_decode(raw, "messages")))
+    _check_tokens(len(ids), limits)
+    return ids, text
 
 
 def _check_tokens(n: int, limits: PromptLimits) -> None:

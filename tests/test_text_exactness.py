@@ -54,3 +54,28 @@ def test_a_stop_word_on_the_first_generated_word_matches(engine):
         assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == word
         matched += 1
     assert matched >= 1
+
+
+def test_generation_config_end_ids_stop_requests_as_transformers_generate_does(tiny_model, tmp_path):
+    """generation_config.json's eos_token_id (a list, as Llama 3 has) is what transformers' generate stops at."""
+    import json
+    import shutil
+
+    from tests.conftest import Oracle
+
+    path = tmp_path / "ckpt"
+    shutil.copytree(tiny_model, path)
+    ids = [256] + list(b"the quick brown fox")
+    free = Oracle(str(path)).generate(ids, 24)
+    extra = next(t for t in free[2:] if t != 257)  # a token it generates: now an end token too
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [257, extra]}))
+    engine = InflightEngine(EngineConfig(checkpoint=str(path), num_kv_blocks=64))
+    assert set(engine.eos_ids) == {257, extra}
+    got = [t for out in generate(engine, ids, max_tokens=24) for t in out.token_ids]
+    assert got == free[:free.index(extra) + 1]
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    want = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, pad_token_id=0)[0, len(ids):]
+    assert got == want.tolist()[:len(got)] and (len(want) == len(got) or want[len(got):].eq(0).all())
