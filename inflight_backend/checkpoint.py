@@ -21,6 +21,10 @@ class CheckpointError(ValueError):
     pass
 
 
+# One decoder with named switches (models/llama.py): Qwen2's q/k/v biases, Qwen3's q/k norms.
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
 def load_config(path: str) -> LlamaConfig:
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):
@@ -28,9 +32,10 @@ def load_config(path: str) -> LlamaConfig:
     with open(config_file) as f:
         raw = json.load(f)
     model_type = raw.get("model_type", "llama")
-    if model_type not in ("llama", "mistral"):
-        raise CheckpointError(f"{path}: model_type {model_type!r} is not a Llama-family decoder (llama, mistral)")
-    window = raw.get("sliding_window")
+    if model_type not in FAMILIES:
+        raise CheckpointError(f"{path}: model_type {model_type!r} is not a decoder this backend runs "
+                              f"({', '.join(FAMILIES)})")
+    window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None  # Qwen's switch
     if window and window < raw.get("max_position_embeddings", 0):
         raise CheckpointError(f"{path}: sliding-window attention ({window} tokens) is not supported")
     config = LlamaConfig.from_hf(raw)

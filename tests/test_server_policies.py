@@ -196,7 +196,8 @@ def test_queue_full_and_never_fitting_requests_get_errors(policy_server):
 @pytest.mark.parametrize("model", ["static", "prefill_first", "fused_chunked", "max_utilization"])
 def test_every_policy_reuses_cached_prefixes_and_still_gives_the_transformers_tokens(policy_server, tiny_model,
                                                                                        model):
-    """(Last in this module: the tests above count from a fresh server.) Prefix caching (on by default) through the server, block sizes 16/32/1/32 with chunking and forced
+    """(Last in this module: the tests above count from a fresh server.) Prefix caching (on by default)
+    through the server, block sizes 16/32/1/32 with chunking and forced
     preemption: users of two system prompts (prefixes ending mid-block), then each one's second turn resending
     the first turn and its answer; every output equals transformers', and the cache served prompt tokens."""
     from tests.test_prefix_cache import workload

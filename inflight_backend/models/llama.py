@@ -30,7 +30,9 @@ class LlamaConfig:
     rope_scaling: dict | None = None
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    qkv_bias: bool = False  # Llama's attention_bias (with o_proj_bias), or Qwen2's q/k/v biases alone
+    o_proj_bias: bool = False
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and k, before the rotary embedding
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -45,6 +47,8 @@ class LlamaConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
+        family = cfg.get("model_type", "llama")
+        attention_bias = cfg.get("attention_bias", False)
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -58,7 +62,9 @@ class LlamaConfig:
             rope_scaling=rope if rope_type != "default" else None,
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=cfg.get("attention_bias", False),
+            qkv_bias=attention_bias or family == "qwen2",
+            o_proj_bias=attention_bias,
+            qk_norm=family == "qwen3",
             mlp_bias=cfg.get("mlp_bias", False),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
@@ -136,10 +142,12 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, q_size, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.attention_bias)
+        self.q_proj = nn.Linear(config.hidden_size, q_size, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.qkv_proj: nn.Linear | None = None  # set by merge_projections
         self.backend = backend
         self.scale = self.head_dim ** -0.5
@@ -162,6 +170,9 @@ class Attention(nn.Module):
             q = self.q_proj(x).view(num_tokens, heads, d)  # (T, H, D)
             k = self.k_proj(x).view(num_tokens, kv_heads, d)  # (T, Hkv, D)
             v = self.v_proj(x).view(num_tokens, kv_heads, d)
+        if self.q_norm is not None:  # per head: rows of d values (reshape copies the strided views)
+            q = self.q_norm(q.reshape(-1, d)).view(num_tokens, heads, d)
+            k = self.k_norm(k.reshape(-1, d)).view(num_tokens, kv_heads, d)
         q, k = self.rotary(q, k, *rope)
         k_cache, v_cache = kv_cache
         self.backend.write_kv(k_cache, v_cache, k, v, meta)

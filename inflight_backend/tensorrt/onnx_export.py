@@ -77,6 +77,10 @@ def export(checkpoint: str, block_size: int, path: str | None = None, dtype: str
     if dtype not in ONNX_TYPES:
         raise ValueError(f"dtype must be one of {sorted(ONNX_TYPES)}, got {dtype!r}")
     config = load_config(checkpoint)
+    switches = [name for name in ("qkv_bias", "o_proj_bias", "mlp_bias", "qk_norm") if getattr(config, name)]
+    if switches:
+        raise ValueError(f"{checkpoint}: the TensorRT export covers Llama and Mistral without {', '.join(switches)} "
+                         "(Qwen2 and Qwen3 run with engine: pytorch)")
     weights: dict[str, np.ndarray] = {}
     for shard in sorted(glob(os.path.join(checkpoint, "*.safetensors"))):
         weights.update({k: v.float().numpy() for k, v in load_file(shard).items()})
