@@ -68,3 +68,56 @@ def test_the_tensorrt_export_refuses_families_it_does_not_cover(tmp_path):
     make_family_checkpoint(str(tmp_path / "q3"), "qwen3")
     with pytest.raises(ValueError, match="qk_norm"):
         export(str(tmp_path / "q3"), 16)
+
+
+@pytest.mark.server
+def test_families_through_the_server_one_at_a_time_and_16_concurrent(tmp_path_factory, oracle_cases, tiny_model,
+                                                                      tied_model):
+    """Five configurations (Llama; Llama with tied embeddings; Qwen2, tied and GQA; Qwen3; Mistral, GQA) served
+    at once, chunked prefill on for half of them: each request's ids equal transformers', sent alone and with 16
+    concurrent."""
+    import threading
+
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import free_port, model_config, write_repository
+    from tests.triton_helpers import grpc_generate
+    from inflight_backend.server import TritonServer
+
+    root = tmp_path_factory.mktemp("families")
+    paths = {"llama": tiny_model, "llama_tied": tied_model}
+    for family in FAMILIES:
+        paths[family] = str(root / family)
+        make_family_checkpoint(paths[family], family, seed=3)
+    chunked = {"llama": "true", "qwen2": "true", "mistral": "false", "qwen3": "false", "llama_tied": "true"}
+    repo = write_repository(root / "repo", {name: model_config(path, name, enable_chunked_prefill=chunked[name],
+                                                                 max_chunk_tokens=32)
+                                            for name, path in paths.items()})
+    cases = [(ids, min(n, 12)) for ids, n in oracle_cases[:16]]
+    server = TritonServer(repo, free_port(), free_port(), free_port(), log_file=root / "tritonserver.log").start()
+    try:
+        url = f"127.0.0.1:{server.grpc_port}"
+        for name, path in paths.items():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            wants = []
+            for ids, n in cases:
+                with torch.inference_mode():
+                    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                         max_new_tokens=n, do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
+                wants.append(out[:out.index(257) + 1] if 257 in out else out)
+            alone = grpc_generate(url, name, {"input_ids": cases[0][0], "max_tokens": cases[0][1], "stream": True})
+            assert alone.error is None and alone.ids == wants[0], name
+            results = [None] * len(cases)
+
+            def send(i):
+                ids, n = cases[i]
+                results[i] = grpc_generate(url, name, {"input_ids": ids, "max_tokens": n, "stream": True})
+
+            threads = [threading.Thread(target=send, args=(i,)) for i in range(len(cases))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert [r.ids for r in results] == wants, name
+    finally:
+        assert server.stop() == 0
