@@ -327,13 +327,7 @@ def _prompt(get, encode, limits: PromptLimits, chat=None) -> tuple[list[int], st
         raise RequestError("missing prompt: give text_input (STRING) or input_ids (INT32)")
     if get("input_lengths") is not None:
         raise RequestError("input_lengths goes with input_ids, not text_input")
-    if text.size != 1:
-        raise RequestError(f"text_input must hold exactly one string, got shape {list(text.shape)}")
-    raw = text.reshape(-1)[0]
-    size = len(raw) if isinstance(raw, bytes) else len(str(raw).encode("utf-8", "surrogatepass"))
-    if size > limits.max_bytes:
-        raise PromptTooLarge(f"text_input is {size} bytes; the limit is {limits.max_bytes} (max_prompt_bytes)")
-    prompt = _decode(raw, "text_input")
+    prompt = _limited_string(text, "text_input", limits)
     if not prompt:
         raise RequestError("empty prompt: text_input is an empty string")
     prompt_ids = encode(prompt)
@@ -346,15 +340,20 @@ def _chat_prompt(messages, chat, limits: PromptLimits) -> tuple[list[int], str]:
 
     if chat is None:
         raise RequestError("input 'messages': this model's checkpoint has no chat template (tokenizer_config.json)")
-    if messages.size != 1:
-        raise RequestError(f"input 'messages' must hold one JSON string, got shape {list(messages.shape)}")
-    raw = messages.reshape(-1)[0]
-    size = len(raw) if isinstance(raw, bytes) else len(str(raw).encode("utf-8", "surrogatepass"))
-    if size > limits.max_bytes:
-        raise PromptTooLarge(f"messages is {size} bytes; the limit is {limits.max_bytes} (max_prompt_bytes)")
-    text, ids = chat(parse_messages(_decode(raw, "messages")))
+    text, ids = chat(parse_messages(_limited_string(messages, "messages", limits)))
     _check_tokens(len(ids), limits)
     return ids, text
+
+
+def _limited_string(array, name: str, limits: PromptLimits) -> str:
+    """The one string of a prompt input, its size checked before it is decoded."""
+    if array.size != 1:
+        raise RequestError(f"{name} must hold exactly one string, got shape {list(array.shape)}")
+    raw = array.reshape(-1)[0]
+    size = len(raw) if isinstance(raw, bytes) else len(str(raw).encode("utf-8", "surrogatepass"))
+    if size > limits.max_bytes:
+        raise PromptTooLarge(f"{name} is {size} bytes; the limit is {limits.max_bytes} (max_prompt_bytes)")
+    return _decode(raw, name)
 
 
 def _check_tokens(n: int, limits: PromptLimits) -> None:
