@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
 
 from .block_manager import BlockManager, blocks_for
 from .chat import ChatTemplate
@@ -21,7 +20,8 @@ from .engines.base import ModelRunner
 from .engines.step_inputs import context_rows
 from .request import RequestError  # noqa: F401 (re-exported: callers catch it from here too)
 from .request import PromptLimits, PromptTooLarge, Request, RequestStatus, SamplingParams
-from .sampler import Sampler, apply_penalties, mask_logits
+from .sampler import Sampler
+from .token_rules import TokenInfo, apply_logit_rules, ends_with, token_info
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineStats
 
@@ -48,16 +48,6 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-
-@dataclass(frozen=True, slots=True)
-class TokenInfo:
-    """One generated token's log-probabilities (of the model's raw logits: before penalties, masks and the
-    temperature) and, when asked, its raw logits."""
-
-    logprob: float | None = None
-    top: tuple[tuple[int, float], ...] = ()  # the k most likely tokens and their log-probabilities
-    logits: object = None  # numpy float32 [vocab]
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,39 +207,17 @@ class InflightEngine:
                 self._collect_context_logits(sched, logits[len(sampled):])
                 logits = logits[:len(sampled)]
             raw = {row: logits[row].float().clone() for row, r in enumerate(sampled) if r.params.needs_raw_logits}
-            self._apply_logit_rules(logits, sampled)
+            apply_logit_rules(logits, sampled, self.eos_ids)
             token_ids, failed = self.sampler.sample(logits, [r.req_id for r in sampled], [r.params for r in sampled])
             now = time.monotonic()
             bad = {sampled[row].req_id: why for row, why in failed.items()} if failed else None
-            infos = {sampled[row].req_id: _token_info(values, token_ids[row], sampled[row].params)
+            infos = {sampled[row].req_id: token_info(values, token_ids[row], sampled[row].params)
                      for row, values in raw.items() if bad is None or row not in failed} if raw else None
             for request in self.scheduler.update(sched, token_ids):
                 outputs.append(self._postprocess(request, now, infos) if bad is None or request.req_id not in bad
                                else self._fail_sampled(request, bad[request.req_id]))
         self.stats.record(sched, self.scheduler, (start, scheduled, modelled, time.perf_counter()))
         return outputs
-
-    def _apply_logit_rules(self, logits, sampled: list[Request]) -> None:
-        """One pass over the sampled rows: penalties where a request asks for them; below its min_tokens a
-        request cannot end: its end ids get -inf logits (transformers' MinNewTokensLengthLogitsProcessor, vLLM's
-        min_tokens, TensorRT-LLM's min_length); a bad word's last token gets -inf where it would complete the
-        word (transformers' NoBadWordsLogitsProcessor, over prompt and output)."""
-        rows, ids = [], []
-        for row, request in enumerate(sampled):
-            p = request.params
-            if p.penalized:
-                apply_penalties(logits[row], request.prompt_ids, request.output_ids, p)
-            if len(request.output_ids) < p.min_tokens:
-                ends = (p.end_id,) if p.end_id is not None else self.eos_ids
-                ends = () if p.end_id == -1 else ends
-                rows += [row] * len(ends)
-                ids += ends
-            if p.bad_token_seqs:
-                banned = banned_tokens(request, p.bad_token_seqs)
-                rows += [row] * len(banned)
-                ids += banned
-        if rows:
-            mask_logits(logits, rows, ids)
 
     def fail(self, request: Request, message: str) -> RequestOutput:
         """End one request with an error between steps; its blocks are freed."""
@@ -359,41 +327,6 @@ class InflightEngine:
                              len(request.output_ids), token_time=request.last_token_time or 0.0, times=times,
                              num_shared_blocks=request.num_shared_blocks,
                              num_cached_tokens=request.num_shared_blocks * self.blocks.block_size)
-
-
-def ends_with(tokens: list[int], seq: tuple[int, ...]) -> bool:
-    return len(tokens) >= len(seq) and tuple(tokens[-len(seq):]) == seq
-
-
-def banned_tokens(request: Request, seqs: tuple[tuple[int, ...], ...]) -> list[int]:
-    """The last token of every bad word whose other tokens end the request's tokens so far."""
-    out = []
-    for seq in seqs:
-        head = seq[:-1]
-        if not head or _tail_equals(request, head):
-            out.append(seq[-1])
-    return out
-
-
-def _tail_equals(request: Request, head: tuple[int, ...]) -> bool:
-    n, outs = len(head), request.output_ids
-    if len(outs) >= n:
-        return tuple(outs[-n:]) == head
-    return request.num_tokens >= n and tuple(request.prompt_ids[len(request.prompt_ids) - (n - len(outs)):]
-                                             + outs) == head
-
-
-def _token_info(raw, token: int, p: SamplingParams) -> TokenInfo:
-    """Log-probabilities of one row of raw logits (fp32 log_softmax, as transformers' scores)."""
-    logits = raw.cpu().numpy() if p.return_generation_logits else None
-    if p.logprobs is None:
-        return TokenInfo(logits=logits)
-    logprobs = torch.log_softmax(raw, dim=-1)
-    top: tuple[tuple[int, float], ...] = ()
-    if p.logprobs:
-        values, ids = torch.topk(logprobs, min(p.logprobs, logprobs.numel()))
-        top = tuple(zip(ids.tolist(), values.tolist()))
-    return TokenInfo(float(logprobs[token]), top, logits)
 
 
 def _make_runner(config: EngineConfig, num_blocks: int) -> ModelRunner:

@@ -21,7 +21,7 @@ from typing import Callable
 
 import triton_python_backend_utils as pb_utils
 
-from inflight_backend import protocol, responses, trtllm_layout, vllm_protocol
+from inflight_backend import declared_io, protocol, responses, trtllm_layout, vllm_protocol
 from inflight_backend.batch_loop import BatchLoop
 from inflight_backend.cancel_watcher import CancelWatcher
 from inflight_backend.config import EngineConfig
@@ -84,10 +84,10 @@ class TritonPythonModel:
         declared = config.as_dict()
         have_inputs = {i["name"] for i in declared.get("input", [])}
         have_outputs = {o["name"] for o in declared.get("output", [])}
-        for name, (dtype, dims) in protocol.all_inputs().items():
+        for name, (dtype, dims) in declared_io.all_inputs().items():
             if name not in have_inputs:
                 config.add_input({"name": name, "data_type": dtype, "dims": dims, "optional": True})
-        for name, (dtype, dims) in protocol.all_outputs().items():
+        for name, (dtype, dims) in declared_io.all_outputs().items():
             if name not in have_outputs:
                 config.add_output({"name": name, "data_type": dtype, "dims": dims})
         return config

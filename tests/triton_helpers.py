@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from inflight_backend.protocol import all_inputs
+from inflight_backend.declared_io import all_inputs
 from inflight_backend.server import read_metrics
 
 _NUMPY = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_BOOL": np.bool_, "TYPE_FP32": np.float32,
