@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from glob import glob
 
 import torch
@@ -47,7 +48,10 @@ def load_config(path: str) -> LlamaConfig:
 
 
 def _generation_config(path: str) -> dict:
-    file = os.path.join(path, "generation_config.json")
+    return _json(os.path.join(path, "generation_config.json"))
+
+
+def _json(file: str) -> dict:
     if not os.path.isfile(file):
         return {}
     with open(file) as f:
@@ -55,10 +59,26 @@ def _generation_config(path: str) -> dict:
 
 
 def load_tokenizer(path: str) -> Tokenizer:
+    """The tokenizer transformers serves for this checkpoint. tokenizer.json as written, unless
+    tokenizer_config.json names a tokenizer class that rebuilds its own pipeline (transformers 5's LlamaTokenizer
+    does: " Hello" is [<s>, ▁Hello] there and [<s>, ▁, ▁Hello] by tokenizer.json): then that class's pipeline,
+    from transformers itself."""
     tokenizer_file = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(tokenizer_file):
         raise CheckpointError(f"no tokenizer.json in checkpoint directory {path!r}")
+    config = _json(os.path.join(path, "tokenizer_config.json"))
+    if config.get("tokenizer_class") not in (None, *AS_WRITTEN):
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(path).backend_tokenizer
+        except Exception as exc:  # a class transformers cannot build here: say so, and use the file as written
+            print(f"inflight: {path}: tokenizer class {config['tokenizer_class']!r} did not load in transformers "
+                  f"({type(exc).__name__}: {exc}); using tokenizer.json as written", file=sys.stderr)
     return Tokenizer.from_file(tokenizer_file)
+
+
+AS_WRITTEN = ("PreTrainedTokenizerFast", "TokenizersBackend")  # classes that use tokenizer.json unchanged
 
 
 def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype, device: str,

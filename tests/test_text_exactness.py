@@ -79,3 +79,32 @@ def test_generation_config_end_ids_stop_requests_as_transformers_generate_does(t
     model = LlamaForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     want = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, pad_token_id=0)[0, len(ids):]
     assert got == want.tolist()[:len(got)] and (len(want) == len(got) or want[len(got):].eq(0).all())
+
+
+def test_a_llama_tokenizer_class_encodes_as_transformers_does(tmp_path):
+    """tokenizer_config.json names LlamaTokenizer (legacy false): transformers 5 rebuilds that class's pipeline, so
+    leading spaces encode differently from tokenizer.json as written; ours follows transformers, and the streamed
+    text is still decode(prompt + output) - decode(prompt) with that tokenizer."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    path = sentencepiece_checkpoint(str(tmp_path / "llama2-like"))
+    (tmp_path / "llama2-like" / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "LlamaTokenizer", "legacy": False, "add_bos_token": True, "bos_token": "<s>",
+         "eos_token": "</s>", "unk_token": "<unk>"}))
+    hf = AutoTokenizer.from_pretrained(path)
+    engine = InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=128))
+    texts = [" hello", "  indented", "hello world", "naïve café", "emoji 🙂", "a\r\nb"]
+    assert [engine.encode(t) for t in texts] == [hf(t)["input_ids"] for t in texts]
+    from tokenizers import Tokenizer
+
+    as_written = Tokenizer.from_file(f"{path}/tokenizer.json")
+    assert as_written.encode(" hello").ids != hf(" hello")["input_ids"]  # the difference this test is about
+    for text in texts:
+        ids = engine.encode(text)
+        outs = generate(engine, ids)
+        output_ids = [t for out in outs for t in out.token_ids]
+        whole, head = hf.decode(ids + output_ids, skip_special_tokens=True), hf.decode(ids, skip_special_tokens=True)
+        if whole.startswith(head):
+            assert "".join(out.text for out in outs) == whole[len(head):]
