@@ -6,10 +6,12 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from glob import glob
 
 import torch
-from safetensors.torch import load_file
+from torch import nn
+from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from .attention import AttentionBackend
@@ -92,16 +94,8 @@ def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype, device:
         raise CheckpointError(f"no *.safetensors weights in checkpoint directory {path!r}")
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend)
-    state = {}
-    for shard in shards:
-        state.update(load_file(shard))
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    state = {name: tensor.to(dtype) for name, tensor in state.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
-    if missing or unexpected:
-        raise CheckpointError(f"{path}: missing weights {missing[:5]}, unexpected weights {unexpected[:5]}")
+    start, rss_before = time.perf_counter(), _rss_bytes()
+    num_bytes = _load_weights(model, shards, dtype, config.tie_word_embeddings, path)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary = type(model.model.rotary)(config)  # rebuild the non-persistent buffer off meta
@@ -112,4 +106,43 @@ def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype, device:
         if isinstance(model.lm_head, PackedLinear) and ops is not None:  # fp32, contiguous linear outputs
             cpu_ops.convert_cpu_ops(model, ops)
             model.linear_layout += " + fused CPU ops"
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    grown = (_rss_bytes() - rss_before) / 2**20
+    model.load_report = (f"weights {num_bytes / 2**20:.0f} MiB as {str(dtype).removeprefix('torch.')} loaded in "
+                         f"{time.perf_counter() - start:.1f} s, process memory +{grown:.0f} MiB")
+    return model
+
+
+def _load_weights(model: nn.Module, shards: list[str], dtype: torch.dtype, tied: bool, path: str) -> int:
+    """Each tensor read from its memory-mapped shard, cast and put in place one at a time, so the checkpoint is
+    never in memory twice (a whole-file load plus its cast would be two copies). Strict: no missing or extra
+    weights. Returns the bytes loaded."""
+    expected = {name for name, _ in model.named_parameters()}
+    if tied:
+        expected.discard("lm_head.weight")
+    seen, unexpected, num_bytes = set(), [], 0
+    for shard in shards:
+        with safe_open(shard, framework="pt") as f:
+            for name in f.keys():
+                if tied and name == "lm_head.weight":
+                    continue
+                if name not in expected:
+                    unexpected.append(name)
+                    continue
+                tensor = f.get_tensor(name).to(dtype)
+                module_name, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(module_name), attr, nn.Parameter(tensor, requires_grad=False))
+                seen.add(name)
+                num_bytes += tensor.numel() * tensor.element_size()
+    missing = sorted(expected - seen)
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: missing weights {missing[:5]}, unexpected weights {unexpected[:5]}")
+    return num_bytes
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0

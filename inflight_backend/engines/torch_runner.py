@@ -31,7 +31,7 @@ class TorchRunner(ModelRunner):
 
     def describe(self) -> str:
         return (f"pytorch {self.dtype} on {self.device}, attention: {self.attention.name}, "
-                f"linear: {self.model.linear_layout}")
+                f"linear: {self.model.linear_layout}; {self.model.load_report}")
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> torch.Tensor:
