@@ -15,14 +15,15 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from typing import Callable
 
 import triton_python_backend_utils as pb_utils
 
-from inflight_backend import declared_io, protocol, responses, trtllm_layout, vllm_protocol
+from inflight_backend import calls, declared_io, protocol, responses, trtllm_layout, vllm_protocol
 from inflight_backend.batch_loop import BatchLoop
+from inflight_backend.calls import Call, Sequence
 from inflight_backend.cancel_watcher import CancelWatcher
 from inflight_backend.config import EngineConfig
 from inflight_backend.engine import InflightEngine, RequestOutput
@@ -34,46 +35,6 @@ from inflight_backend.stop_signal import StopSignal
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _TRACE_CANCELS = os.environ.get("INFLIGHT_TRACE_CANCELS") == "1"  # one stderr line per cancelled request
 _METRICS_INTERVAL_S = 0.2  # each metric update is an IPC round trip: publish stats at most this often
-
-
-@dataclass(slots=True, eq=False)
-class _Call:
-    """One Triton request: its sender and its sequences (B rows x num_return_sequences) still running."""
-
-    key: str
-    sender: object
-    stream: bool
-    unary: bool  # a non-decoupled model: exactly one response, holding every sequence
-    batched: bool  # TensorRT-LLM's layout: responses keep the batch and beam axes
-    outputs: frozenset[str] | None  # the outputs the client asked for; None: all of them
-    open: set[str] = field(default_factory=set)  # its sequences' ids not finished yet
-    parts: list = field(default_factory=list)  # unary: each finished sequence's tensors
-    error: str | None = None  # unary: the first sequence error (the one response carries it)
-    pad_id: int = 0
-    closed: bool = False  # its FINAL is about to go or went: never ask is_cancelled() again (see _asks_cancelled)
-
-
-@dataclass(slots=True, eq=False)
-class _Sequence:
-    """One engine request of a call: where its outputs go and, when not streaming, what has accumulated."""
-
-    call: _Call
-    batch_index: int
-    sequence_index: int
-    prefix_text: str  # prompt text prepended to a non-streamed output (exclude_input_in_output=false)
-    prefix_ids: list[int]
-    arrival: float  # time.monotonic() when execute() received it
-    returns: frozenset[str]
-    return_perf_metrics: bool
-    num_input_tokens: int
-    texts: list[str] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] | None = None
-    top: list | None = None
-    logits: list | None = None
-    context_logits: object = None
-    cum_logprob: float = 0.0
-    first_token_seen: bool = False
 
 
 class TritonPythonModel:
@@ -102,8 +63,8 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("inflight: remove dynamic_batching from config.pbtxt: the backend "
                                                 "batches every iteration itself")
         self.metrics = TritonMetrics(pb_utils, args["model_name"])
-        self._sequences: dict[str, _Sequence] = {}
-        self._calls: dict[str, _Call] = {}
+        self._sequences: dict[str, Sequence] = {}
+        self._calls: dict[str, Call] = {}
         self._lock = threading.Lock()
         self._final_lock = threading.Lock()  # between a FINAL and an is_cancelled() on the same sender
         self._ids = itertools.count()
@@ -148,7 +109,7 @@ class TritonPythonModel:
                 self._rejected[reason] += 1
             _send_error(sender, message)
             return
-        call = _Call(str(next(self._ids)), sender, rows[0].stream, not self.decoupled, self.batched,
+        call = Call(str(next(self._ids)), sender, rows[0].stream, not self.decoupled, self.batched,
                      _requested(request), pad_id=rows[0].pad_id)
         submits = []  # (req_id, prompt ids, params, priority, the row's first sequence: its prompt blocks' source)
         for b, parsed in enumerate(rows):
@@ -163,7 +124,7 @@ class TritonPythonModel:
                 if s and params.seed is not None:  # sequence s: the same request alone with seed + s
                     params = replace(params, seed=params.seed + s)
                 call.open.add(req_id)
-                self._sequences[req_id] = _Sequence(call, b, s, prefix_text, parsed.prompt_ids if keep_input else [],
+                self._sequences[req_id] = Sequence(call, b, s, prefix_text, parsed.prompt_ids if keep_input else [],
                                                     arrival, parsed.returns, parsed.return_perf_metrics,
                                                     len(parsed.prompt_ids))
                 submits.append((req_id, parsed.prompt_ids, params, parsed.priority, first if s else None))
@@ -201,7 +162,7 @@ class TritonPythonModel:
         for req_id in open_ids:
             self.loop.cancel(req_id)
 
-    def _asks_cancelled(self, call: _Call) -> bool:
+    def _asks_cancelled(self, call: Call) -> bool:
         """Watcher thread. python_backend 2.51 frees a request's response factory once its FINAL is sent, and
         is_cancelled() on it afterwards crashes tritonserver (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled):
         the responder closes a call under this lock before sending its FINAL, so no ask can overlap it."""
@@ -267,7 +228,7 @@ class TritonPythonModel:
         self._unpublished, self._respond_seconds = None, 0.0
         self._last_publish = time.monotonic()
 
-    def _deliver(self, seq: _Sequence, out: RequestOutput, last: bool) -> None:
+    def _deliver(self, seq: Sequence, out: RequestOutput, last: bool) -> None:
         """`last`: this output ends the call's last open sequence, so its response carries FINAL."""
         call = seq.call
         if out.error is not None:
@@ -282,7 +243,7 @@ class TritonPythonModel:
         if call.stream:
             self._respond(call, [self._tensors(seq, out, out.text, out.token_ids)], last)
             return
-        self._accumulate(seq, out)
+        calls.accumulate(seq, out)
         if not out.finished:
             return
         tensors = self._tensors(seq, out, seq.prefix_text + "".join(seq.texts), seq.prefix_ids + seq.ids,
@@ -297,54 +258,8 @@ class TritonPythonModel:
                 else:
                     self._respond(call, [t for _, _, t in sorted(call.parts, key=lambda p: p[:2])], True)
 
-    def _accumulate(self, seq: _Sequence, out: RequestOutput) -> None:
-        seq.texts.append(out.text)
-        seq.ids += out.token_ids
-        self._accumulate_info(seq, out)
-
-    @staticmethod
-    def _accumulate_info(seq: _Sequence, out: RequestOutput) -> None:
-        """Keep what a response may need of the tokens so far: log-probabilities, logits, the prompt's logits."""
-        if out.context_logits is not None:
-            seq.context_logits = out.context_logits
-        info = out.token_info
-        if info is None:
-            return
-        if info.logprob is not None:
-            if seq.logprobs is None:
-                seq.logprobs, seq.top = [], []
-            seq.logprobs.append(info.logprob)
-            seq.top.append(info.top)
-            seq.cum_logprob += info.logprob
-        if info.logits is not None and not seq.call.stream:  # a stream sends each token's logits once
-            if seq.logits is None:
-                seq.logits = []
-            seq.logits.append(info.logits)
-
-    def _tensors(self, seq: _Sequence, out: RequestOutput, text: str, ids: list[int], accumulated: bool = False):
-        """This sequence's part of a response (new tokens when streaming, all when not). TensorRT-LLM's batched
-        layout streams as TensorRT-LLM does: every response carries the prompt's logits and the log-probabilities
-        of all tokens so far; the unbatched one sends each once."""
-        piece = responses.Piece(text, ids, seq.ids if accumulated else ids, seq.batch_index, seq.sequence_index,
-                                final=out if out.finished else None, num_input_tokens=seq.num_input_tokens)
-        if seq.returns:
-            so_far = accumulated or seq.call.batched
-            if not accumulated:
-                self._accumulate_info(seq, out)
-                if so_far:
-                    seq.ids += out.token_ids
-            piece.context_logits = seq.context_logits if so_far else out.context_logits
-            if so_far:
-                piece.logprobs, piece.top = seq.logprobs, seq.top
-                if not accumulated:  # the log-probabilities are of every token so far, not only this response's
-                    piece.generated = seq.ids
-            elif out.token_info is not None and out.token_info.logprob is not None:
-                piece.logprobs, piece.top = [out.token_info.logprob], [out.token_info.top]
-            if accumulated:
-                piece.logits = seq.logits
-            elif out.token_info is not None and out.token_info.logits is not None:
-                piece.logits = [out.token_info.logits]
-            piece.cum_logprob = seq.cum_logprob
+    def _tensors(self, seq: Sequence, out: RequestOutput, text: str, ids: list[int], accumulated: bool = False):
+        piece = calls.piece_of(seq, out, text, ids, accumulated)
         blocks = self.loop.blocks_for(out.num_input_tokens + out.num_output_tokens - 1) if out.finished else 0
         return responses.tensors(piece, seq.returns, seq.return_perf_metrics, seq.call.outputs,
                                  self._decode_token, blocks, out.num_shared_blocks)
@@ -352,14 +267,14 @@ class TritonPythonModel:
     def _decode_token(self, token: int) -> str:
         return self.loop.decode([token])
 
-    def _respond(self, call: _Call, parts: list[dict], final: bool) -> None:
+    def _respond(self, call: Call, parts: list[dict], final: bool) -> None:
         tensors = responses.stack(parts, call.pad_id)
         if not call.batched:
             tensors = responses.unbatched(tensors)
         response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in tensors.items()])
         _send(call.sender, response, _FINAL if final else 0)
 
-    def _observe(self, seq: _Sequence, out: RequestOutput) -> None:
+    def _observe(self, seq: Sequence, out: RequestOutput) -> None:
         """Latency histograms, observed once or twice per sequence (each observation is an IPC round trip)."""
         if out.token_ids and not seq.first_token_seen:
             seq.first_token_seen = True
