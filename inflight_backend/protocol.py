@@ -52,29 +52,51 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
     TensorRT-LLM's batched layout, where exclude_input_in_output applies to non-streamed responses only (a stream
     never echoes the prompt; the unbatched layout follows vLLM's backend, which refuses the combination).
     `chat(messages) -> (text, ids)` renders and tokenizes a `messages` request with the chat template."""
-    sampling = sampling or {}
+    read = _Reader(get, sampling or {})
+    _check_unsupported(get)
+    prompt_ids, prompt_text = _prompt(get, encode, limits, chat)
+    returns = frozenset(out for flag, outs in RETURNS.items() if read.value(flag, False, bool) for out in outs)
+    params = _sampling_params(read, default_max_tokens, returns, encode_word)
+    stream, exclude = read.value("stream", False, bool), read.value("exclude_input_in_output", None, bool)
+    if stream and exclude is False and not batched:  # vLLM backend's rule (and message): a stream carries only news
+        raise RequestError("Error generating stream: When streaming, `exclude_input_in_output` = False is not "
+                           "allowed.")
+    n = read.value("num_return_sequences", 1, int)
+    if not 1 <= n <= MAX_RETURN_SEQUENCES:
+        raise RequestError(f"num_return_sequences must be in [1, {MAX_RETURN_SEQUENCES}], got {n}")
+    return ParsedRequest(prompt_ids, prompt_text, params, stream, bool(exclude), read.value("priority", 0, int),
+                         read.value("return_perf_metrics", False, bool), n, returns, read.value("pad_id", 0, int))
 
-    def value(name, default, kind):
-        tensor = tensor_value(name, default, kind)
-        if name not in sampling:
+
+class _Reader:
+    """One-value inputs by our name or an alias, and the vLLM sampling parameters' value (both must agree)."""
+
+    def __init__(self, get, sampling: dict) -> None:
+        self.get, self.sampling = get, sampling
+
+    def value(self, name: str, default, kind):
+        tensor = self.tensor_value(name, default, kind)
+        if name not in self.sampling:
             return tensor
-        if tensor is not default and tensor != sampling[name]:
-            raise RequestError(f"input {name!r} ({tensor}) and the sampling parameters ({sampling[name]}) differ")
-        return _number(sampling[name], name, kind)
+        if tensor is not default and tensor != self.sampling[name]:
+            raise RequestError(f"input {name!r} ({tensor}) and the sampling parameters ({self.sampling[name]}) "
+                               "differ")
+        return _number(self.sampling[name], name, kind)
 
-    def tensor_value(name, default, kind):
-        array, given = _get(get, name)
+    def tensor_value(self, name: str, default, kind):
+        array, given = _get(self.get, name)
         if array is None:
             return default
         if array.size != 1:
             raise RequestError(f"input {given!r} must hold exactly one value, got shape {list(array.shape)}")
         return _number(array.reshape(-1)[0], given, kind)
 
-    _check_unsupported(get)
-    prompt_ids, prompt_text = _prompt(get, encode, limits, chat)
-    temperature = value("temperature", 0.0, float)
-    top_k = value("top_k", 0, int)
-    top_p = value("top_p", 1.0, float)
+
+def _sampling_params(read: _Reader, default_max_tokens: int, returns: frozenset[str], encode_word) -> SamplingParams:
+    get, sampling = read.get, read.sampling
+    temperature = read.value("temperature", 0.0, float)
+    top_k = read.value("top_k", 0, int)
+    top_p = read.value("top_p", 1.0, float)
     if temperature < 0:
         raise RequestError(f"temperature must be >= 0, got {temperature}")
     if top_k < 0:
@@ -83,26 +105,23 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
         top_p = 1.0  # TensorRT-LLM's clients send runtime_top_p 0 for "no top-p"
     if not 0.0 < top_p <= 1.0:
         raise RequestError(f"top_p must be in (0, 1], got {top_p}")
-    repetition_penalty = value("repetition_penalty", 1.0, float)
+    repetition_penalty = read.value("repetition_penalty", 1.0, float)
     if repetition_penalty <= 0:
         raise RequestError(f"repetition_penalty must be > 0, got {repetition_penalty}")
-    returns = frozenset(out for flag, outs in RETURNS.items() if value(flag, False, bool) for out in outs)
+    end_id = read.value("end_id", None, int)
     logprobs = sampling.get("logprobs")
     if logprobs is None and returns & {"output_log_probs", "cumulative_logprob"}:
         logprobs = 0
-    end_id = value("end_id", None, int)
-    if sampling.get("ignore_eos"):
-        end_id = -1
-    params = SamplingParams(
-        max_tokens=value("max_tokens", default_max_tokens, int),
+    return SamplingParams(
+        max_tokens=read.value("max_tokens", default_max_tokens, int),
         temperature=temperature, top_k=top_k, top_p=top_p,
-        seed=value("seed", None, int),
-        end_id=end_id,
+        seed=read.value("seed", None, int),
+        end_id=-1 if sampling.get("ignore_eos") else end_id,
         stop_words=_strings(get, "stop_words") + tuple(sampling.get("stop_words", ())),
-        min_tokens=value("min_tokens", 0, int),
+        min_tokens=read.value("min_tokens", 0, int),
         repetition_penalty=repetition_penalty,
-        presence_penalty=value("presence_penalty", 0.0, float),
-        frequency_penalty=value("frequency_penalty", 0.0, float),
+        presence_penalty=read.value("presence_penalty", 0.0, float),
+        frequency_penalty=read.value("frequency_penalty", 0.0, float),
         stop_token_seqs=_word_list(get, "stop_words_list") + tuple((t,) for t in sampling.get("stop_token_ids", ())),
         bad_token_seqs=_word_list(get, "bad_words_list") + _bad_words(get, encode_word),
         logprobs=logprobs,
@@ -110,15 +129,6 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
         return_context_logits="context_logits" in returns,
         include_stop_str_in_output=bool(sampling.get("include_stop_str_in_output", True)),
     )
-    stream, exclude = value("stream", False, bool), value("exclude_input_in_output", None, bool)
-    if stream and exclude is False and not batched:  # vLLM backend's rule (and message): a stream carries only news
-        raise RequestError("Error generating stream: When streaming, `exclude_input_in_output` = False is not "
-                           "allowed.")
-    n = value("num_return_sequences", 1, int)
-    if not 1 <= n <= MAX_RETURN_SEQUENCES:
-        raise RequestError(f"num_return_sequences must be in [1, {MAX_RETURN_SEQUENCES}], got {n}")
-    return ParsedRequest(prompt_ids, prompt_text, params, stream, bool(exclude), value("priority", 0, int),
-                         value("return_perf_metrics", False, bool), n, returns, value("pad_id", 0, int))
 
 
 MAX_RETURN_SEQUENCES = 64
