@@ -1,8 +1,9 @@
 """The prepared check for a session that has a GPU (run by benchmarks/gpu_check.sh).
 
 CUDA kernels against the fp32 torch reference on every random batch the CPU tests use (fp32, bf16, fp16; head
-sizes 64 and 128; block sizes 1..128; GQA 1..8; multi-token causal queries; contexts to 2048), the KV write
-against the reference's, then decode timings are printed by benchmarks/attention.py --device cuda.
+sizes 64 and 128; block sizes 1..128; GQA 1..8; multi-token causal queries; contexts to 2048), sliding windows
+(1..4096 tokens) on a fused step and on decodes, the KV write against the reference's; then
+benchmarks/attention.py --device cuda prints decode timings.
 Needs only torch with CUDA and the built library (no other package of the project's).
 """
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inflight_backend.attention import NativePagedAttention, TorchPagedAttention, load_library  # noqa: E402
-from inflight_backend.attention.random_batch import CASES, TOLERANCE, max_error, random_batch  # noqa: E402
+from inflight_backend.attention.random_batch import (CASES, TOLERANCE, WINDOW_STEP, WINDOWS, max_error,  # noqa: E402
+                                                     random_batch, window_error)
 
 
 def check_attention(lib) -> bool:
@@ -32,6 +34,22 @@ def check_attention(lib) -> bool:
                     print(f"FAIL attention {dtype} head {head_size} case {case}: max error {err:.3g}")
             print(f"attention {str(dtype):15s} head {head_size:3d}: worst max error {worst:.3g} "
                   f"(tolerance {TOLERANCE[dtype]:g}) over {len(CASES)} cases")
+    return ok
+
+
+def check_windows(lib) -> bool:
+    ok, worst = True, {}
+    decodes = [(c, 1) for c in (1, 7, 8, 17, 100, 515, 2000, 33)]
+    for dtype in (torch.float32, torch.bfloat16):
+        for window in WINDOWS:
+            for name, lengths in (("fused", WINDOW_STEP), ("decodes", decodes)):
+                err = window_error(NativePagedAttention(lib, "cuda"), dtype, "cuda", 128, window, 16, seed=window,
+                                   lengths=lengths)
+                worst[dtype] = max(worst.get(dtype, 0.0), err)
+                if err > TOLERANCE[dtype]:
+                    ok = False
+                    print(f"FAIL sliding window {window} {name} {dtype}: max error {err:.3g}")
+        print(f"sliding windows {str(dtype):15s}: worst max error {worst[dtype]:.3g} over {len(WINDOWS)} windows")
     return ok
 
 
@@ -61,7 +79,7 @@ def main() -> int:
         print("build/lib/libinflight_pa_cuda.so missing: build with cmake first")
         return 2
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    ok = check_write_kv(lib) & check_attention(lib)
+    ok = check_write_kv(lib) & check_attention(lib) & check_windows(lib)
     print("ALL OK" if ok else "SOME CHECKS FAILED")
     return 0 if ok else 1
 

@@ -38,10 +38,10 @@ def load_config(path: str) -> LlamaConfig:
     if model_type not in FAMILIES:
         raise CheckpointError(f"{path}: model_type {model_type!r} is not a decoder this backend runs "
                               f"({', '.join(FAMILIES)})")
-    window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None  # Qwen's switch
-    if window and window < raw.get("max_position_embeddings", 0):
-        raise CheckpointError(f"{path}: sliding-window attention ({window} tokens) is not supported")
     config = LlamaConfig.from_hf(raw)
+    if config.layer_windows and len(config.layer_windows) != config.num_hidden_layers:
+        raise CheckpointError(f"{path}: layer_types names {len(config.layer_windows)} layers, the model has "
+                              f"{config.num_hidden_layers}")
     generation = _generation_config(path)
     if generation.get("eos_token_id") is not None:  # what transformers' generate stops at (Llama 3 lists three)
         eos = generation["eos_token_id"]

@@ -37,8 +37,19 @@ def feeds(out: SchedulerOutput, runner: TorchRunner, block_size: int) -> dict:
 TOLERANCE = {"float32": (ATOL, 1e-4), "float16": (0.15, 2e-2)}
 
 
+@pytest.fixture(scope="module")
+def mistral_window_model(tmp_path_factory):
+    """Mistral with a 12-token sliding window (tests/test_model_families.py): shorter than the step's prompts."""
+    from tests.test_model_families import make_family_checkpoint
+
+    path = str(tmp_path_factory.mktemp("mistral-window") / "m")
+    make_family_checkpoint(path, "mistral")
+    return path
+
+
 @pytest.mark.parametrize("checkpoint, block_size, dtype", [("tiny_model", 16, "float32"), ("gqa_model", 4, "float32"),
-                                                           ("tied_model", 1, "float32"), ("gqa_model", 8, "float16")])
+                                                           ("tied_model", 1, "float32"), ("gqa_model", 8, "float16"),
+                                                           ("mistral_window_model", 16, "float32")])
 def test_onnx_graph_matches_the_pytorch_engine_on_a_mixed_step(checkpoint, block_size, dtype, request):
     path = request.getfixturevalue(checkpoint)
     model = export(path, block_size, dtype=dtype)
@@ -46,6 +57,8 @@ def test_onnx_graph_matches_the_pytorch_engine_on_a_mixed_step(checkpoint, block
     layers = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type == OP_TYPE]
     runner = TorchRunner(path, 128, block_size, dtype=dtype, attention="torch")
     assert len(layers) == runner.model.config.num_hidden_layers
+    windows = [next((a.i for a in n.attribute if a.name == "sliding_window"), None) for n in layers]
+    assert windows == list(runner.model.config.layer_windows or [0] * len(layers))
 
     bm = BlockManager(128, block_size)
     rng = np.random.default_rng(0)

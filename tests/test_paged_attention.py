@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from inflight_backend.attention import NativePagedAttention, TorchPagedAttention, load_library
-from inflight_backend.attention.random_batch import CASES, TOLERANCE, max_error, random_batch
+from inflight_backend.attention.random_batch import (CASES, TOLERANCE, WINDOW_STEP, WINDOWS, max_error,
+                                                     random_batch, window_error)
 
 
 
@@ -51,6 +52,51 @@ def test_cpu_kernel_mixed_step_matches_reference(cpu_backend, dtype, step):
     want = TorchPagedAttention().forward(q.float(), k_cache.float(), v_cache.float(), meta, 0.125)
     got = cpu_backend.forward(q, k_cache, v_cache, meta, 0.125)
     assert (got.float() - want).abs().max().item() <= TOLERANCE[dtype]
+
+
+WINDOW_DECODES = [(c, 1) for c in (1, 6, 7, 8, 16, 17, 100, 515, 2000, 33)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("block_size", [16, 7])
+@pytest.mark.parametrize("step", ["fused", "decodes"])
+def test_cpu_kernel_sliding_window_matches_reference(cpu_backend, dtype, window, block_size, step):
+    lengths = WINDOW_STEP if step == "fused" else WINDOW_DECODES
+    err = window_error(cpu_backend, dtype, "cpu", 64, window, block_size, seed=window + block_size, lengths=lengths)
+    assert not cpu_backend._use_fallback
+    assert err <= TOLERANCE[dtype], f"max error {err}"
+
+
+@pytest.mark.parametrize("window", [1, 3, 8, 50])
+def test_reference_sliding_window_is_attention_over_the_last_keys(window):
+    """The reference against attention written out query by query: softmax over keys t - W + 1 .. t, through
+    both of its paths (packed prompts, and the batched decode path)."""
+    lengths = [(1, 1), (9, 1), (30, 1), (12, 12), (40, 7), (60, 1)]
+    q, k_cache, v_cache, meta = random_batch(random.Random(window), block_size=4, num_heads=4, num_kv_heads=2,
+                                             head_size=16, dtype=torch.float32, lengths=lengths)
+    want = torch.empty_like(q)
+    for i, (context, num_q) in enumerate(lengths):
+        table = meta.block_tables[i]
+        keys = k_cache[table].flatten(0, 1)[:context]  # (S, Hkv, D)
+        values = v_cache[table].flatten(0, 1)[:context]
+        for j in range(num_q):
+            t = context - num_q + j
+            seen = slice(max(0, t - window + 1), t + 1)
+            for h in range(4):
+                scores = keys[seen, h // 2] @ q[meta.query_start_loc[i] + j, h] * 0.25
+                want[meta.query_start_loc[i] + j, h] = torch.softmax(scores, 0) @ values[seen, h // 2]
+    reference = TorchPagedAttention()
+    torch.testing.assert_close(reference.forward(q, k_cache, v_cache, meta, 0.25, window), want)
+    decodes = [n == 1 for _, n in lengths]
+    rows = [meta.query_start_loc[i] for i, d in enumerate(decodes) if d]
+    q_dec, _, _, meta_dec = random_batch(random.Random(window), block_size=4, num_heads=4, num_kv_heads=2,
+                                         head_size=16, dtype=torch.float32, lengths=lengths)
+    meta_dec.block_tables = meta.block_tables[torch.tensor(decodes)]
+    meta_dec.context_lens = [c for (c, n) in lengths if n == 1]
+    meta_dec.query_start_loc = list(range(len(rows) + 1))
+    meta_dec.decode_only = True
+    torch.testing.assert_close(reference.forward(q[rows], k_cache, v_cache, meta_dec, 0.25, window), want[rows])
 
 
 def test_cpu_write_kv_scatters_into_slots(cpu_backend):
@@ -119,6 +165,20 @@ def test_cuda_kernel_matches_reference(dtype, head_size, case):
     lib = load_library("cuda")
     assert lib is not None, "build/lib/libinflight_pa_cuda.so is missing: run `make native` with nvcc"
     compare(NativePagedAttention(lib, "cuda"), dtype, "cuda", head_size, case, seed=7)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("step", ["fused", "decodes"])
+def test_cuda_kernel_sliding_window_matches_reference(dtype, window, step):
+    lib = load_library("cuda")
+    assert lib is not None, "build/lib/libinflight_pa_cuda.so is missing: run `make native` with nvcc"
+    lengths = WINDOW_STEP if step == "fused" else WINDOW_DECODES
+    err = window_error(NativePagedAttention(lib, "cuda"), dtype, "cuda", 128, window, 16, seed=window,
+                       lengths=lengths)
+    assert err <= TOLERANCE[dtype], f"max error {err}"
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: the CUDA library is not built")

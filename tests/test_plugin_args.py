@@ -3,6 +3,7 @@ host buffers into the CPU kernel, against the torch reference."""
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from inflight_backend.attention import TorchPagedAttention, load_library
@@ -10,7 +11,8 @@ from inflight_backend.tensorrt.kernel_args import PluginFields, launch
 from inflight_backend.attention.random_batch import random_batch
 
 
-def test_plugin_mapping_drives_the_cpu_kernel_like_the_reference():
+@pytest.mark.parametrize("window", [0, 5])
+def test_plugin_mapping_drives_the_cpu_kernel_like_the_reference(window):
     lib = load_library("cpu")
     assert lib is not None, "build/lib/libinflight_pa_cpu.so is missing: run `make native`"
     layers, layer, heads, kv_heads, d, bs = 3, 1, 8, 2, 64, 16
@@ -31,12 +33,12 @@ def test_plugin_mapping_drives_the_cpu_kernel_like_the_reference():
     reference = TorchPagedAttention()
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     reference.write_kv(k_ref, v_ref, k_new, v_new, meta)
-    want = reference.forward(q, k_ref, v_ref, meta, d ** -0.5)
+    want = reference.forward(q, k_ref, v_ref, meta, d ** -0.5, window)
 
     arrays = [q.numpy(), k_new.numpy(), v_new.numpy(), pool.numpy(), meta.block_tables.numpy(),
               meta.context_lens_tensor.numpy(), meta.query_start_loc_tensor.numpy(), meta.slot_mapping.numpy()]
     out = np.empty_like(arrays[0])
-    fields = PluginFields(layer, heads, kv_heads, d, bs, d ** -0.5)
+    fields = PluginFields(layer, heads, kv_heads, d, bs, d ** -0.5, sliding_window=window)
     others = pool.clone()
     status = launch(lib, "cpu", fields, [a.shape for a in arrays], 0, [a.ctypes.data for a in arrays],
                     out.ctypes.data)

@@ -44,6 +44,7 @@ class AttentionBackend:
         v_cache.view(-1, num_kv_heads, head_dim)[meta.slot_mapping] = v
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
-        """q: (T, num_heads, head_dim) -> (T, num_heads, head_dim); causal within each sequence."""
+                scale: float, window: int = 0) -> torch.Tensor:
+        """q: (T, num_heads, head_dim) -> (T, num_heads, head_dim); causal within each sequence. With `window`
+        W > 0, the query at position t sees only keys t - W + 1 .. t (sliding-window attention)."""
         raise NotImplementedError

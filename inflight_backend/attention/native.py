@@ -22,7 +22,8 @@ class PaParams(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_int32) for name in (
         "num_seqs", "num_tokens", "num_heads", "num_kv_heads", "head_size", "block_size", "max_blocks_per_seq",
-        "max_context_len")] + [("scale", ctypes.c_float), ("dtype", ctypes.c_int32)] + [
+        "max_context_len")] + [("scale", ctypes.c_float), ("dtype", ctypes.c_int32),
+                               ("sliding_window", ctypes.c_int32), ("reserved", ctypes.c_int32)] + [
         (name, ctypes.c_int64) for name in (
             "q_stride_token", "q_stride_head", "out_stride_token", "out_stride_head", "kv_stride_block",
             "kv_stride_token", "kv_stride_head")]
@@ -47,14 +48,14 @@ def load_library(device_type: str) -> ctypes.CDLL | None:
 
 
 def make_params(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                out: torch.Tensor) -> PaParams:
-    """Describe tensors to the kernels: sizes, element strides, dtype."""
+                out: torch.Tensor, window: int = 0) -> PaParams:
+    """Describe tensors to the kernels: sizes, element strides, dtype, sliding window (0: none)."""
     num_tokens, num_heads, head_size = q.shape
     return PaParams(
         num_seqs=len(meta.context_lens), num_tokens=num_tokens, num_heads=num_heads,
         num_kv_heads=k_cache.shape[2], head_size=head_size, block_size=k_cache.shape[1],
         max_blocks_per_seq=meta.block_tables.shape[1], max_context_len=meta.max_context_len, scale=scale,
-        dtype=PA_DTYPES[q.dtype], q_stride_token=q.stride(0), q_stride_head=q.stride(1),
+        dtype=PA_DTYPES[q.dtype], sliding_window=window, q_stride_token=q.stride(0), q_stride_head=q.stride(1),
         out_stride_token=out.stride(0), out_stride_head=out.stride(1), kv_stride_block=k_cache.stride(0),
         kv_stride_token=k_cache.stride(1), kv_stride_head=k_cache.stride(2))
 
@@ -86,11 +87,11 @@ class NativePagedAttention(AttentionBackend):
             return self._fallback.write_kv(k_cache, v_cache, k, v, meta)
         self._check(status)
 
-    def forward(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
         if self._use_fallback:
-            return self._fallback.forward(q, k_cache, v_cache, meta, scale)
+            return self._fallback.forward(q, k_cache, v_cache, meta, scale, window)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        p = self._step_params(q, k_cache, meta, scale, out)
+        p = self._step_params(q, k_cache, meta, scale, out, window)
         args = [ctypes.byref(p), _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(meta.block_tables),
                 _ptr(meta.context_lens_tensor), _ptr(meta.query_start_loc_tensor), _ptr(out)]
         if self.cuda:
@@ -101,19 +102,19 @@ class NativePagedAttention(AttentionBackend):
             status = self.lib.pa_cpu_attention(*args)
         if status in (PA_ERR_DTYPE, PA_ERR_SHAPE):
             self._fall_back(status, q)
-            return self._fallback.forward(q, k_cache, v_cache, meta, scale)
+            return self._fallback.forward(q, k_cache, v_cache, meta, scale, window)
         self._check(status)
         return out
 
-    def _step_params(self, q, k_cache, meta, scale, out) -> PaParams:
+    def _step_params(self, q, k_cache, meta, scale, out, window=0) -> PaParams:
         """make_params, built once per step and shape: every layer of a step passes the same metadata and
         tensors of the same shapes and strides."""
         if meta is not self._params_meta:
             self._params_meta, self._params = meta, {}
-        key = (q.shape, q.stride(), q.dtype, out.stride(), k_cache.shape, k_cache.stride(), scale)
+        key = (q.shape, q.stride(), q.dtype, out.stride(), k_cache.shape, k_cache.stride(), scale, window)
         params = self._params.get(key)
         if params is None:
-            params = self._params[key] = make_params(q, k_cache, meta, scale, out)
+            params = self._params[key] = make_params(q, k_cache, meta, scale, out, window)
         return params
 
     def _cuda_workspace(self, size: int, device) -> torch.Tensor:

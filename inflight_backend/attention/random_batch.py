@@ -16,6 +16,11 @@ CASES = [  # (block_size, group, max_context, max_query, num_seqs)
     (32, 8, 2048, 64, 2), (16, 4, 1, 1, 3), (7, 2, 129, 9, 6), (128, 4, 1000, 5, 3), (16, 2, 700, 300, 2),
 ]
 
+# Sliding windows (tokens) checked on WINDOW_STEP: one token, under a block, a block, past one CUDA partition
+# (512 keys), past every context; WINDOW_STEP holds decodes and prompt chunks shorter and longer than them.
+WINDOWS = [1, 7, 16, 100, 513, 4096]
+WINDOW_STEP = [(c, 1) for c in (5, 700, 33, 1200, 17)] + [(40, 40), (600, 200), (1500, 700), (90, 9)]
+
 
 def random_batch(rng, *, block_size, num_heads, num_kv_heads, head_size, dtype, num_seqs=None, max_context=None,
                  max_query=None, lengths=None, device="cpu"):
@@ -55,16 +60,29 @@ def random_batch(rng, *, block_size, num_heads, num_kv_heads, head_size, dtype, 
 def max_error(backend, dtype, device: str, head_size: int, case: tuple, seed: int) -> float:
     """Largest absolute difference between `backend` and the fp32 torch reference on one random CASES batch."""
     block_size, group, max_context, max_query, num_seqs = case
-    q, k_cache, v_cache, meta = random_batch(
+    batch = random_batch(
         random.Random(seed), num_seqs=num_seqs, block_size=block_size, num_heads=2 * group, num_kv_heads=2,
         head_size=head_size, max_context=max_context, max_query=max_query, dtype=dtype, device=device)
-    scale = head_size ** -0.5
+    return _error(backend, dtype, batch, head_size ** -0.5)
+
+
+def window_error(backend, dtype, device: str, head_size: int, window: int, block_size: int, seed: int,
+                 lengths=WINDOW_STEP) -> float:
+    """max_error's measure on `lengths` ((context, queries) per sequence) with a sliding window of `window`
+    tokens (GQA, 4 query heads per KV head)."""
+    batch = random_batch(random.Random(seed), block_size=block_size, num_heads=8, num_kv_heads=2,
+                         head_size=head_size, dtype=dtype, lengths=lengths, device=device)
+    return _error(backend, dtype, batch, head_size ** -0.5, window)
+
+
+def _error(backend, dtype, batch, scale: float, window: int = 0) -> float:
+    q, k_cache, v_cache, meta = batch
     cpu_meta = AttentionMetadata(meta.slot_mapping.cpu(), meta.block_tables.cpu(), meta.query_start_loc,
                                  meta.context_lens, meta.decode_only, meta.query_start_loc_tensor.cpu(),
                                  meta.context_lens_tensor.cpu())
     want = TorchPagedAttention().forward(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), cpu_meta,
-                                         scale)
-    got = backend.forward(q, k_cache, v_cache, meta, scale)
+                                         scale, window)
+    got = backend.forward(q, k_cache, v_cache, meta, scale, window)
     if got.dtype != dtype:
         raise AssertionError(f"output dtype {got.dtype}, expected {dtype}")
     return (got.cpu().float() - want).abs().max().item()

@@ -33,6 +33,7 @@ class LlamaConfig:
     qkv_bias: bool = False  # Llama's attention_bias (with o_proj_bias), or Qwen2's q/k/v biases alone
     o_proj_bias: bool = False
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and k, before the rotary embedding
+    layer_windows: tuple[int, ...] = ()  # sliding-window attention: each layer's window (0: full), () for none
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -66,9 +67,26 @@ class LlamaConfig:
             o_proj_bias=attention_bias,
             qk_norm=family == "qwen3",
             mlp_bias=cfg.get("mlp_bias", False),
+            layer_windows=_layer_windows(cfg),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
         )
+
+
+def _layer_windows(cfg: dict) -> tuple[int, ...]:
+    """Each layer's sliding window as transformers builds it: Mistral's `sliding_window` on every layer; Qwen2 and
+    Qwen3 only with `use_sliding_window`, on the layers `layer_types` names (default: from `max_window_layers`
+    on). () when no layer has one."""
+    window = cfg.get("sliding_window") or 0
+    if not window or not cfg.get("use_sliding_window", True):
+        return ()
+    layers = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if types is None:
+        first = cfg.get("max_window_layers", 0) if "use_sliding_window" in cfg else 0
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    windows = tuple(window if kind == "sliding_attention" else 0 for kind in types)
+    return windows if any(windows) else ()
 
 
 class RMSNorm(nn.Module):
@@ -137,8 +155,9 @@ def _scale_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 class Attention(nn.Module):
     rotary = staticmethod(apply_rotary)  # (q, k, cos, sin) -> (q, k); models/cpu_ops.py may fuse it
 
-    def __init__(self, config: LlamaConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: LlamaConfig, backend: AttentionBackend, window: int = 0) -> None:
         super().__init__()
+        self.window = window  # sliding window in tokens; 0: full causal attention
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -176,7 +195,7 @@ class Attention(nn.Module):
         q, k = self.rotary(q, k, *rope)
         k_cache, v_cache = kv_cache
         self.backend.write_kv(k_cache, v_cache, k, v, meta)
-        out = self.backend.forward(q, k_cache, v_cache, meta, self.scale)
+        out = self.backend.forward(q, k_cache, v_cache, meta, self.scale, self.window)
         return self.o_proj(out.reshape(num_tokens, -1))
 
 
@@ -216,10 +235,10 @@ def merged_linear(*linears: nn.Linear) -> nn.Linear:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: LlamaConfig, backend: AttentionBackend, window: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, backend)
+        self.self_attn = Attention(config, backend, window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
@@ -240,7 +259,8 @@ class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, backend) for _ in range(config.num_hidden_layers))
+        windows = config.layer_windows or (0,) * config.num_hidden_layers
+        self.layers = nn.ModuleList(DecoderLayer(config, backend, windows[i]) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config)
 

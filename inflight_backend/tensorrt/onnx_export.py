@@ -165,7 +165,8 @@ def _layer(g: GraphBuilder, cfg: LlamaConfig, w, i: int, x: str, cos: str, sin: 
     v = heads_view(linear(h, "self_attn.v_proj"), kv_heads, "v")
     attn, pool = g.op(OP_TYPE, [q, k, v, pool, "block_tables", "context_lens", "query_start_loc", "slot_mapping"],
                       num_outputs=2, domain=DOMAIN, layer=i, num_heads=heads, num_kv_heads=kv_heads, head_size=d,
-                      block_size=block_size, scale=float(d ** -0.5))
+                      block_size=block_size, scale=float(d ** -0.5),
+                      sliding_window=cfg.layer_windows[i] if cfg.layer_windows else 0)
     flat = g.one("Reshape", attn, g.const(f"l{i}_attn_shape", np.array([-1, heads * d])))
     x = g.one("Add", x, linear(flat, "self_attn.o_proj"))
     h = _rms_norm(g, x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps, f"l{i}_post_norm")

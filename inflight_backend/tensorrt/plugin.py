@@ -14,7 +14,7 @@ from .trt_module import import_trt
 
 trt = import_trt()
 PLUGIN_NAME, PLUGIN_VERSION = "PagedAttention", "1"
-INT_FIELDS = ("layer", "num_heads", "num_kv_heads", "head_size", "block_size")
+INT_FIELDS = ("layer", "num_heads", "num_kv_heads", "head_size", "block_size", "sliding_window")
 PA_DTYPE = {trt.DataType.FLOAT: 0, trt.DataType.BF16: 1, trt.DataType.HALF: 2}
 INDEX_TYPES = {kernel_args.BLOCK_TABLES: trt.DataType.INT32, kernel_args.CONTEXT_LENS: trt.DataType.INT32,
                kernel_args.QUERY_START_LOC: trt.DataType.INT32, kernel_args.SLOT_MAPPING: trt.DataType.INT64}
@@ -118,7 +118,8 @@ class PagedAttentionCreator(trt.IPluginCreatorV3One):
 
     def create_plugin(self, name, field_collection, phase):
         values = {f.name: f.data for f in field_collection}
-        ints = {n: int(np.asarray(values[n]).reshape(-1)[0]) for n in INT_FIELDS}
+        ints = {n: int(np.asarray(values[n]).reshape(-1)[0]) for n in INT_FIELDS if n in values}  # engines
+        # built before sliding_window existed have none: PluginFields' default (no window)
         return PagedAttentionPlugin(PluginFields(**ints, scale=float(np.asarray(values["scale"]).reshape(-1)[0])))
 
 

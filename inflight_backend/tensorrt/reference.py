@@ -15,7 +15,7 @@ class PagedAttention(OpRun):
     op_domain = DOMAIN
 
     def _run(self, q, k, v, kv_pool, block_tables, context_lens, query_start_loc, slot_mapping, layer=None,
-             num_heads=None, num_kv_heads=None, head_size=None, block_size=None, scale=None):
+             num_heads=None, num_kv_heads=None, head_size=None, block_size=None, scale=None, sliding_window=0):
         pool = torch.from_numpy(kv_pool.copy())  # a node's output must not alias its input here
         k_cache, v_cache = pool[layer, 0], pool[layer, 1]
         qsl = query_start_loc.tolist()
@@ -28,7 +28,8 @@ class PagedAttention(OpRun):
         backend = make_backend("auto", "cpu")
         backend.write_kv(k_cache, v_cache, torch.from_numpy(np.ascontiguousarray(k)),
                          torch.from_numpy(np.ascontiguousarray(v)), meta)
-        out = backend.forward(torch.from_numpy(np.ascontiguousarray(q)), k_cache, v_cache, meta, scale)
+        out = backend.forward(torch.from_numpy(np.ascontiguousarray(q)), k_cache, v_cache, meta, scale,
+                              sliding_window or 0)
         return out.numpy(), pool.numpy()
 
 

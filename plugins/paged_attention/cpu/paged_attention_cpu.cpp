@@ -1,7 +1,8 @@
 // Paged attention on the CPU: walks each sequence's block table directly (no gather copies). Work is split into
 // tasks of (sequence, KV head, block of queries), or whole one-block sequences when they are small, so K and V
 // rows are read once for every query head of the group; an online softmax in fp32 rescales once per chunk of
-// keys. Each K/V row read serves every (query, head) row of a block; causal limits mask per row. Blocks of at
+// keys. Each K/V row read serves every (query, head) row of a block; causal limits (and a sliding window's first
+// keys) mask per row, and chunks wholly before every row's window are not read. Blocks of at
 // least kMinTiledRows rows score a chunk of keys as a small GEMM (the chunk transposed once, keys along the
 // vector lanes, four rows per register tile) instead of one horizontal dot per (row, key).
 #include <algorithm>
@@ -235,14 +236,15 @@ PA_WIDE void accumulate_tile(const T* const* vrows, int n, const float* scores, 
 
 struct Scratch {  // per-thread buffers, allocated once per call
   std::vector<float> q, acc, scores, buf, m, l, kt;
-  std::vector<int> limit;
+  std::vector<int> first, limit;
   Scratch(int rows, int D)
       : q(rows * D), acc(rows * D), scores(rows * kChunk), buf(D), m(rows), l(rows),
-        kt(rows >= kMinTiledRows ? D * kChunk : 0), limit(rows) {}  // the transposed chunk: tiled blocks only
+        kt(rows >= kMinTiledRows ? D * kChunk : 0), first(rows), limit(rows) {}  // kt: tiled blocks only
 };
 
-// Attention of `rows` query rows (already scaled, in w.q; row r sees keys [0, w.limit[r]), limits ascending)
-// over keys [0, num_keys), num_keys = the largest limit. Row r is head r % group_size of token r / group_size:
+// Attention of `rows` query rows (already scaled, in w.q; row r sees keys [w.first[r], w.limit[r]), both
+// ascending with r) over keys [w.first[0], num_keys), num_keys = the largest limit. Row r is head r % group_size
+// of token r / group_size:
 // its result goes to out + (r / group_size) * out_token_stride + (r % group_size) * out_head_stride. (Per-row
 // output pointers instead made the whole loop 2x slower: the compiler could no longer keep its arrays apart.)
 template <typename T>
@@ -251,14 +253,15 @@ void attend(const pa_params& p, int rows, int group_size, const Seq<T>& k, const
   const int D = p.head_size, group = rows;
   const bool tiled = rows >= kMinTiledRows;
   const float* q = w.q.data();
-  const int* limit = w.limit.data();
+  const int *first = w.first.data(), *limit = w.limit.data();
+  const int start = first[0];
   float *acc = w.acc.data(), *scores = w.scores.data(), *buf = w.buf.data(), *m = w.m.data(), *l = w.l.data();
   std::fill(m, m + group, -std::numeric_limits<float>::infinity());
   std::fill(l, l + group, 0.f);
   std::fill(acc, acc + group * D, 0.f);
   const T *krows[kChunk], *vrows[kChunk];
-  k.rows(0, std::min(kChunk, num_keys), krows);
-  for (int k0 = 0; k0 < num_keys; k0 += kChunk) {
+  k.rows(start, std::min(kChunk, num_keys - start), krows);
+  for (int k0 = start; k0 < num_keys; k0 += kChunk) {
     const int n = std::min(kChunk, num_keys - k0);
     v.rows(k0, n, vrows);
     if (tiled) {
@@ -282,11 +285,19 @@ void attend(const pa_params& p, int rows, int group_size, const Seq<T>& k, const
       for (int g = 0; g < group; ++g)
         for (int i = std::max(0, limit[g] - k0); i < n; ++i)
           scores[g * kChunk + i] = -std::numeric_limits<float>::infinity();
+    if (k0 < first[group - 1])  // the window's start, only in the first chunks (rows' firsts ascend)
+      for (int g = 0; g < group; ++g)
+        for (int i = 0, e = std::min(n, first[g] - k0); i < e; ++i)
+          scores[g * kChunk + i] = -std::numeric_limits<float>::infinity();
     for (int g = 0; g < group; ++g) {
       float* s = scores + g * kChunk;
       float m_new = m[g];  // a simd max: std::max_element is a scalar loop, half the cost of the scores
 #pragma omp simd reduction(max : m_new)
       for (int i = 0; i < n; ++i) m_new = std::max(m_new, s[i]);
+      if (m_new == -std::numeric_limits<float>::infinity()) {  // no key of this row's window seen yet
+        std::fill(s, s + n, 0.f);
+        continue;
+      }
       const float alpha = std::exp(m[g] - m_new);  // 0 on the first chunk (m = -inf)
       float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
@@ -321,8 +332,13 @@ struct Task {
   int64_t cost;  // task_cost() times its heads: orders the tasks, largest first
 };
 
-// Cost of one KV head's pass over keys [0, keys) for nq query rows: keys read times (rows + a streaming term).
+// Cost of one KV head's pass over `keys` keys for nq query rows: keys read times (rows + a streaming term).
 inline int64_t task_cost(int keys, int nq) { return int64_t(keys) * (nq + 4); }
+
+// Keys read by nq queries whose last sees `end` keys: all of them, or with a sliding window its span.
+inline int keys_read(const pa_params& p, int end, int nq) {
+  return p.sliding_window > 0 ? std::min(end, p.sliding_window + nq - 1) : end;
+}
 
 // Tasks of one call, largest first. A sequence with several query blocks (a prompt or prompt chunk) is split by
 // KV head and block, so every thread shares it even beside many decodes. With at least two sequences per thread,
@@ -333,17 +349,20 @@ inline int64_t task_cost(int keys, int nq) { return int64_t(keys) * (nq + 4); }
 std::vector<Task> make_tasks(const pa_params& p, const int32_t* context_lens, const int32_t* qsl, int block) {
   const int threads = omp_get_max_threads();
   int64_t total = 0;  // per KV head
-  for (int s = 0; s < p.num_seqs; ++s) total += task_cost(context_lens[s], qsl[s + 1] - qsl[s]);
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int num_q = qsl[s + 1] - qsl[s];
+    total += task_cost(keys_read(p, context_lens[s], num_q), num_q);
+  }
   std::vector<Task> tasks;
   for (int s = 0; s < p.num_seqs; ++s) {
     const int num_q = qsl[s + 1] - qsl[s], first_key = context_lens[s] - num_q;
     const bool whole = p.num_seqs >= 2 * threads && num_q <= block &&
-                       task_cost(context_lens[s], num_q) * threads <= total;
+                       task_cost(keys_read(p, context_lens[s], num_q), num_q) * threads <= total;
     const int nh = whole ? p.num_kv_heads : 1;
     for (int j0 = 0; j0 < num_q; j0 += block)
       for (int h = 0; h < p.num_kv_heads; h += nh) {
         const int nq = std::min(block, num_q - j0);
-        tasks.push_back({s, h, nh, j0, nq, nh * task_cost(first_key + j0 + nq, nq)});
+        tasks.push_back({s, h, nh, j0, nq, nh * task_cost(keys_read(p, first_key + j0 + nq, nq), nq)});
       }
   }
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
@@ -377,6 +396,7 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
             const T* row = q + t * p.q_stride_token + int64_t(h * group + g) * p.q_stride_head;
             for (int d = 0; d < D; ++d) w.q[r * D + d] = to_float(row[d]) * p.scale;
             w.limit[r] = len - num_q + j0 + j + 1;  // causal: query j0 + j sees this many keys
+            w.first[r] = p.sliding_window > 0 ? std::max(0, w.limit[r] - p.sliding_window) : 0;
           }
         }
         attend(p, nq * group, group, k, v, len - num_q + j0 + nq, w,
@@ -405,7 +425,8 @@ void write_kv(const pa_params& p, const T* k, const T* v, int64_t st, int64_t sh
 
 int check(const pa_params* p) {
   if (p->dtype != PA_FLOAT32 && p->dtype != PA_BFLOAT16) return PA_ERR_DTYPE;
-  if (p->num_kv_heads <= 0 || p->num_heads % p->num_kv_heads != 0 || p->head_size <= 0 || p->block_size <= 0)
+  if (p->num_kv_heads <= 0 || p->num_heads % p->num_kv_heads != 0 || p->head_size <= 0 || p->block_size <= 0 ||
+      p->sliding_window < 0)
     return PA_ERR_SHAPE;
   return PA_OK;
 }

@@ -4,7 +4,9 @@
 // Its warps stride over the partition's keys, walking the block table; lanes hold strided slices of the head
 // dimension so loads coalesce. Each warp keeps an online softmax per head; the CTA merges its warps in shared
 // memory. With several partitions (long contexts) each writes (max, sum, unnormalised output) to the
-// workspace and reduce_kernel merges them. write_kv_kernel scatters new K/V into their slots.
+// workspace and reduce_kernel merges them. Partitions start at the token's first visible key, so with a
+// sliding window the keys before it cost nothing and a window bounds the partitions. write_kv_kernel scatters
+// new K/V into their slots.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -45,7 +47,9 @@ __device__ __forceinline__ int seq_of_token(const int32_t* qsl, int num_seqs, in
 }
 
 __host__ __device__ inline int num_partitions(const pa_params& p) {
-  return (p.max_context_len + kPartition - 1) / kPartition;
+  const int span = p.sliding_window > 0 && p.sliding_window < p.max_context_len ? p.sliding_window
+                                                                                 : p.max_context_len;
+  return (span + kPartition - 1) / kPartition;
 }
 
 // Workspace per (token, head, partition): max, sum, then head_size floats of unnormalised output.
@@ -68,7 +72,8 @@ attention_kernel(pa_params p, const T* __restrict__ q, const T* __restrict__ kc,
   const int seq = seq_of_token(qsl, p.num_seqs, token);
   const int num_q = qsl[seq + 1] - qsl[seq];
   const int num_keys = context_lens[seq] - num_q + (token - qsl[seq]) + 1;  // causal within the chunk
-  const int begin = part * kPartition, end = min(num_keys, begin + kPartition);
+  const int first = p.sliding_window > 0 ? max(0, num_keys - p.sliding_window) : 0;
+  const int begin = first + part * kPartition, end = min(num_keys, begin + kPartition);
   const int kv_head = head0 / (p.num_heads / p.num_kv_heads);
   const int32_t* table = block_tables + int64_t(seq) * p.max_blocks_per_seq;
 
@@ -219,7 +224,8 @@ int dispatch_head(const pa_params& p, const void* q, const void* kc, const void*
 
 int check(const pa_params* p) {
   if (p->dtype != PA_FLOAT32 && p->dtype != PA_BFLOAT16 && p->dtype != PA_FLOAT16) return PA_ERR_DTYPE;
-  if (p->num_kv_heads <= 0 || p->num_heads % p->num_kv_heads != 0 || p->block_size <= 0 || p->block_size > 1024)
+  if (p->num_kv_heads <= 0 || p->num_heads % p->num_kv_heads != 0 || p->block_size <= 0 || p->block_size > 1024 ||
+      p->sliding_window < 0)
     return PA_ERR_SHAPE;
   return PA_OK;
 }

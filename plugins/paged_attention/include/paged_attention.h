@@ -9,6 +9,8 @@
  *   slot_mapping     (num_tokens,) int64                      flat slot (block * block_size + offset); < 0 skips
  *
  * The queries of sequence i are its last (qsl[i+1] - qsl[i]) context tokens; attention is causal among them.
+ * With sliding_window W > 0 the query at position t sees keys t - W + 1 .. t only (Mistral's window, as
+ * transformers masks it: key k is seen when t - W < k <= t); blocks wholly before the window are not read.
  * Query heads h attend to KV head h / (num_heads / num_kv_heads) (grouped-query attention).
  * Every function returns PA_OK or an error code; nothing is written on error.
  */
@@ -43,6 +45,8 @@ typedef struct pa_params {
   int32_t max_context_len;     /* >= every context_lens[i]; sizes the CUDA split-K partitions */
   float scale;                 /* softmax scale, usually 1/sqrt(head_size) */
   int32_t dtype;               /* enum pa_dtype of q, out, k_cache and v_cache */
+  int32_t sliding_window;      /* 0: every earlier key; W > 0: the last W keys, the query's own included */
+  int32_t reserved;            /* 0; keeps the 64-bit strides aligned the same way for every compiler */
   int64_t q_stride_token, q_stride_head;
   int64_t out_stride_token, out_stride_head;
   int64_t kv_stride_block, kv_stride_token, kv_stride_head;
