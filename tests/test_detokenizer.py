@@ -47,13 +47,17 @@ def test_runs_of_special_tokens_do_not_grow_the_decoded_window():
     assert special_ids(tok) == {256, 257, 258, 259, 260, 261}
 
 
-# SentencePiece-style (Llama 2, Mistral): byte fallback, `▁` for spaces, one leading space stripped per decode.
+# Real families' structures: SentencePiece-style (Llama 2, Mistral: byte fallback, `▁` for spaces, one leading
+# space stripped per decode) and byte-level BPE (Llama 3 and Qwen2: GPT-2's byte alphabet, split regexes).
+import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.tokenizer_fixtures import sentencepiece_style_tokenizer  # noqa: E402
+from tests.tokenizer_fixtures import byte_level_bpe_tokenizer, sentencepiece_style_tokenizer  # noqa: E402
 
 SP = sentencepiece_style_tokenizer()
+TOKENIZERS = {"sentencepiece": SP, "llama3": byte_level_bpe_tokenizer("llama3"),
+              "qwen2": byte_level_bpe_tokenizer("qwen2")}
 
 
 def stream(tok, prompt_ids, output_ids):
@@ -74,22 +78,49 @@ def test_the_first_generated_word_keeps_its_leading_space():
     assert parts[0].startswith(" ") or "".join(parts).startswith(" ")
 
 
-ids_strategy = st.lists(st.integers(0, SP.get_vocab_size() - 1), max_size=40)
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_deltas_are_the_decode_of_prompt_and_output_minus_the_prompts(name):
+    """For any ids (invalid byte runs, characters split across tokens, special tokens): the streamed deltas
+    concatenate to decode(prompt + output) - decode(prompt) whenever the prompt's text is a prefix of the whole
+    text (a character whose bytes straddle the two has no such split), and never hold a replacement character
+    the whole decode lacks. 1,000 examples per tokenizer."""
+    tok = TOKENIZERS[name]
+    ids = st.integers(0, tok.get_vocab_size() - 1)
+
+    @given(prompt=st.lists(ids, min_size=1, max_size=20), output=st.lists(ids, max_size=40))
+    @settings(max_examples=1000, deadline=None)
+    def check(prompt, output):
+        whole, head = tok.decode(prompt + output), tok.decode(prompt)
+        text = "".join(stream(tok, prompt, output))
+        if whole.startswith(head):
+            assert text == whole[len(head):]
+        assert text.count("\ufffd") <= whole.count("\ufffd")
+
+    check()
 
 
-@given(prompt=st.lists(st.integers(0, SP.get_vocab_size() - 1), min_size=1, max_size=20), output=ids_strategy)
-@settings(max_examples=400, deadline=None)
-def test_deltas_are_the_decode_of_prompt_and_output_minus_the_prompts(prompt, output):
-    """For any ids (invalid byte runs and special tokens included): the streamed deltas concatenate to
-    decode(prompt + output) - decode(prompt) whenever the prompt's text is a prefix of the whole text (a character
-    whose bytes straddle the two has no such split)."""
-    whole, head = SP.decode(prompt + output), SP.decode(prompt)
-    text = "".join(stream(SP, prompt, output))
-    if whole.startswith(head):
-        assert text == whole[len(head):]
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_without_a_prompt_the_deltas_are_the_decode(name):
+    tok = TOKENIZERS[name]
+
+    @given(output=st.lists(st.integers(0, tok.get_vocab_size() - 1), max_size=40))
+    @settings(max_examples=300, deadline=None)
+    def check(output):
+        assert "".join(stream(tok, [], output)) == tok.decode(output)
+
+    check()
 
 
-@given(output=ids_strategy)
-@settings(max_examples=400, deadline=None)
-def test_without_a_prompt_the_deltas_are_the_decode(output):
-    assert "".join(stream(SP, [], output)) == SP.decode(output)
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_real_text_streams_exactly(name):
+    """Text in many scripts, encoded as the tokenizer does and streamed token by token after its first half."""
+    tok = TOKENIZERS[name]
+    texts = ["hello world", "I'm 12345 привет 👍🏽", "日本語 Grüße\r\nnaïve", "👨‍👩‍👧 family", "  indented\tx",
+             "x = f(y) + 2;\n\n    return"]
+    for text in texts:
+        ids = tok.encode(text).ids
+        for cut in range(1, len(ids)):
+            prompt, output = ids[:cut], ids[cut:]
+            whole, head = tok.decode(prompt + output), tok.decode(prompt)
+            if whole.startswith(head):
+                assert "".join(stream(tok, prompt, output)) == whole[len(head):], (name, text, cut)
