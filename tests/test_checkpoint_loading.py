@@ -1,40 +1,13 @@
 """Loading a checkpoint holds it in memory once: each tensor is read from its memory-mapped shard and cast on its
 own. Measured in a fresh process by sampling its anonymous memory (page-cache pages of the mapped file are not a
 copy) while a bfloat16 checkpoint loads as float32."""
-import subprocess
-import sys
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from benchmarks.load_checkpoint import probe
 from inflight_backend.make_model import TinySpec, make_model
-from inflight_backend.paths import PROJECT_ROOT
-
-PROBE = r"""
-import sys, threading, time, torch
-from inflight_backend.attention import make_backend
-from inflight_backend.checkpoint import load_model
-
-def anon():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) * 1024
-
-peak, stop = [0], threading.Event()
-def sample():
-    while not stop.is_set():
-        peak[0] = max(peak[0], anon())
-        time.sleep(0.001)
-
-base = anon()
-thread = threading.Thread(target=sample)
-thread.start()
-model = load_model(sys.argv[1], make_backend("torch", torch.device("cpu")), torch.float32, "cpu", "torch")
-stop.set()
-thread.join()
-print(peak[0] - base, sum(p.numel() * 4 for p in model.parameters()))
-print(model.load_report)
-"""
 
 
 def test_a_bfloat16_checkpoint_loads_as_float32_without_a_second_copy(tmp_path):
@@ -42,11 +15,10 @@ def test_a_bfloat16_checkpoint_loads_as_float32_without_a_second_copy(tmp_path):
                                                        num_attention_heads=12, num_key_value_heads=12))
     shard = f"{path}/model.safetensors"
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(shard).items()}, shard)
-    out = subprocess.run([sys.executable, "-c", PROBE, path], capture_output=True, text=True, cwd=PROJECT_ROOT,
-                         timeout=300, check=True).stdout.splitlines()
-    peak, weights = map(int, out[0].split())
+    result = probe(Path(path), "float32", "torch")  # a fresh process sampling its own anonymous memory
+    peak, weights = result["peak"], result["weights"]
     assert weights > 150 * 2**20
     # Measured at this size: 1.5x (one fp32 copy, plus the largest matrix's input-major copy and the process's
     # own allocations); a whole-file load and its cast held the bf16 and fp32 copies at once: 2.4x.
     assert peak < 1.8 * weights, f"peak {peak / 2**20:.0f} MiB for {weights / 2**20:.0f} MiB of weights"
-    assert "as float32 loaded in" in out[1]
+    assert "as float32 loaded in" in result["report"]
