@@ -5,7 +5,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-ENGINES = ("pytorch", "tensorrt")
+ENGINES = ("pytorch", "tensorrt", "null")  # null: computes nothing (serving-path benchmarks)
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "native", "torch")

@@ -330,6 +330,11 @@ class InflightEngine:
 
 
 def _make_runner(config: EngineConfig, num_blocks: int) -> ModelRunner:
+    if config.engine == "null":
+        from .engines.null_runner import NullRunner
+
+        model = load_config(config.checkpoint)
+        return NullRunner(model.vocab_size, model.eos_token_ids)
     if config.engine == "tensorrt":
         from .engines.tensorrt_runner import TensorRTRunner
 

@@ -1,0 +1,327 @@
+"""The serving path's ceiling: how many tokens per second the backend delivers when the model costs nothing.
+
+    .venv/bin/python benchmarks/serving_ceiling.py [--checkpoint build/models/tiny-llama] [--streams 32 128 256 512]
+        [--prompt-len 32] [--output-len 256] [--transports inprocess grpc http] [--clients 4]
+        [--baseline REV] [--json OUT]
+
+Every run uses `engine: null` (engines/null_runner.py): logits are fixed, so scheduling, sampling, detokenizing,
+building responses and Triton's transport are all that is measured. Each stream is one request of --prompt-len
+prompt tokens forced to --output-len output tokens (min_tokens), all submitted at once.
+
+- inprocess: InflightEngine.step() in a loop, no threads, no server (the engine's own ceiling), with the step's
+  split into schedule / model / sample-and-postprocess.
+- grpc: a real tritonserver; --clients client processes, each with one gRPC stream carrying its share of the
+  requests, reading `output_ids` only.
+- http: the same server; --clients processes, each with one thread per request on /generate_stream (SSE).
+
+For Triton transports: tokens/s over the wall time from the first request to the last final response, and CPU
+seconds per 1,000 tokens of tritonserver, of the model's stub process, and of the clients (all processes share
+this machine's cores: the client's share shows whether it, not the server, was the limit).
+
+--baseline REV runs the same measurement from a git worktree of REV (build/baseline/REV, made once) first, in
+its own processes, and prints both side by side with the ratios (REV must have this script).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.targets import _pids, _proc_stat  # noqa: E402
+from inflight_backend.block_manager import blocks_for  # noqa: E402
+from inflight_backend.config import EngineConfig  # noqa: E402
+from inflight_backend.engine import InflightEngine  # noqa: E402
+from inflight_backend.request import SamplingParams  # noqa: E402
+
+BLOCK = 16
+
+
+def prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
+
+
+def engine_params(max_streams: int, prompt_len: int, output_len: int) -> dict:
+    return dict(engine="null", max_batch_size=max_streams, max_num_tokens=max(1024, max_streams),
+                num_kv_blocks=max_streams * blocks_for(prompt_len + output_len, BLOCK) + 8, block_size=BLOCK,
+                default_max_tokens=output_len)
+
+
+def in_process(checkpoint: str, streams: int, prompt_len: int, output_len: int) -> dict:
+    engine = InflightEngine(EngineConfig(checkpoint=checkpoint, **engine_params(streams, prompt_len, output_len)))
+    for i, ids in enumerate(prompts(streams, prompt_len, engine.runner.vocab_size)):
+        engine.add_request(str(i), ids, SamplingParams(max_tokens=output_len, min_tokens=output_len))
+    tokens, start, cpu = 0, time.perf_counter(), time.process_time()
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens += len(out.token_ids)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    s = engine.stats
+    return {"tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall, "steps": s.num_steps,
+            "step_ms": 1000 * wall / max(s.num_steps, 1),
+            "split_ms": {"schedule": 1000 * s.schedule_seconds / s.num_steps,
+                         "model": 1000 * s.model_seconds / s.num_steps,
+                         "sample": 1000 * s.sample_seconds / s.num_steps},
+            "cpu_ms_per_1k": {"engine": 1e6 * cpu / tokens}}
+
+
+# --- clients, one process each (spawned: no inherited threads or gRPC state) ---
+
+def _grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: int, start, result_queue) -> None:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    done, tokens, lock = threading.Event(), [0], threading.Lock()
+    remaining = [len(requests)]
+    errors = []
+
+    def callback(result, error):
+        if error is not None:
+            errors.append(str(error))
+            done.set()
+            return
+        ids = result.as_numpy("output_ids")
+        final = result.get_response().parameters["triton_final_response"].bool_param
+        with lock:
+            tokens[0] += 0 if ids is None else int(ids.size)
+            if final:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    done.set()
+
+    def tensor(name, array, kind):
+        t = grpcclient.InferInput(name, list(array.shape), kind)
+        t.set_data_from_numpy(array)
+        return t
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    client.start_stream(callback=callback)
+    n = np.array([output_len], dtype=np.int32)
+    bodies = [(rid, [tensor("input_ids", np.array(ids, dtype=np.int32), "INT32"), tensor("max_tokens", n, "INT32"),
+                     tensor("min_tokens", n, "INT32"), tensor("stream", np.array([True]), "BOOL")])
+              for rid, ids in requests]
+    wanted = [grpcclient.InferRequestedOutput("output_ids")]
+    cpu = time.process_time()
+    start.wait()
+    for rid, inputs in bodies:
+        client.async_stream_infer("bench", inputs, request_id=rid, outputs=wanted, enable_empty_final_response=True)
+    done.wait()
+    end = time.perf_counter()
+    client.stop_stream()
+    client.close()
+    result_queue.put({"tokens": tokens[0], "end": end, "cpu": time.process_time() - cpu, "errors": errors[:3]})
+
+
+def _http_client(port: int, requests: list[tuple[str, list[int]]], output_len: int, start, result_queue) -> None:
+    import http.client
+
+    tokens, errors, lock = [0], [], threading.Lock()
+
+    def one(ids):
+        body = json.dumps({"input_ids": ids, "max_tokens": output_len, "min_tokens": output_len, "stream": True})
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        conn.request("POST", "/v2/models/bench/generate_stream", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        count = 0
+        for line in response:
+            if line.startswith(b"data:"):
+                event = json.loads(line[5:])
+                if "error" in event:
+                    errors.append(event["error"])
+                    break
+                ids = event.get("output_ids", [])
+                count += len(ids) if isinstance(ids, list) else 1
+        conn.close()
+        with lock:
+            tokens[0] += count
+
+    threads = [threading.Thread(target=one, args=(ids,)) for _, ids in requests]
+    cpu = time.process_time()
+    start.wait()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    result_queue.put({"tokens": tokens[0], "end": time.perf_counter(), "cpu": time.process_time() - cpu,
+                      "errors": errors[:3]})
+
+
+def through_triton(server, transport: str, streams: int, prompt_len: int, output_len: int, clients: int,
+                   vocab: int) -> dict:
+    ctx = mp.get_context("spawn")
+    start, results = ctx.Event(), ctx.Queue()
+    requests = [(str(i), ids) for i, ids in enumerate(prompts(streams, prompt_len, vocab))]
+    target = _grpc_client if transport == "grpc" else _http_client
+    port = server.grpc_port if transport == "grpc" else server.http_port
+    procs = [ctx.Process(target=target, args=(port, requests[c::clients], output_len, start, results))
+             for c in range(clients)]
+    for p in procs:
+        p.start()
+    time.sleep(2.0)  # clients imported and connected
+    before = _server_cpu(server)
+    t0 = time.perf_counter()
+    start.set()
+    outs = [results.get(timeout=900) for _ in procs]
+    wall = max(o["end"] for o in outs) - t0
+    after = _server_cpu(server)
+    for p in procs:
+        p.join()
+    tokens = sum(o["tokens"] for o in outs)
+    errors = [e for o in outs for e in o["errors"]]
+    cpu = {k: after[k] - before[k] for k in after}
+    cpu["client"] = sum(o["cpu"] for o in outs)
+    return {"tokens": tokens, "expected_tokens": streams * output_len, "seconds": wall, "tokens_per_s": tokens / wall,
+            "cpu_ms_per_1k": {k: 1e6 * v / max(tokens, 1) for k, v in cpu.items()},
+            "cpu_share": {k: v / wall for k, v in cpu.items()}, "errors": errors[:3]}
+
+
+def _server_cpu(server) -> dict[str, float]:
+    pid = server.process.pid
+    stubs = [stat for stat in map(_proc_stat, _pids()) if stat[0] == pid]
+    return {"tritonserver": _proc_stat(pid)[1], "stub": sum(cpu for _, cpu in stubs)}
+
+
+def measure(args) -> dict:
+    results: dict = {"commit": _commit(), "runs": []}
+    if "inprocess" in args.transports:
+        for n in args.streams:
+            r = in_process(args.checkpoint, n, args.prompt_len, args.output_len)
+            results["runs"].append({"transport": "inprocess", "streams": n, **r})
+            _progress(results["runs"][-1])
+    remote = [t for t in args.transports if t != "inprocess"]
+    if remote:
+        from inflight_backend.repository import model_config, write_repository
+        from inflight_backend.server import TritonServer, free_port
+
+        workdir = ROOT / "build" / "serving_ceiling"
+        params = engine_params(max(args.streams), args.prompt_len, args.output_len)
+        repo = write_repository(workdir / "repo", {"bench": model_config(args.checkpoint, "bench", **params)})
+        server = TritonServer(repo, free_port(), free_port(), free_port(), log_file=workdir / "tritonserver.log")
+        server.start()
+        try:
+            vocab = _vocab(args.checkpoint)
+            for transport in remote:
+                for n in args.streams:
+                    r = through_triton(server, transport, n, args.prompt_len, args.output_len, args.clients, vocab)
+                    results["runs"].append({"transport": transport, "streams": n, **r})
+                    _progress(results["runs"][-1])
+        finally:
+            server.stop()
+    return results
+
+
+def _vocab(checkpoint: str) -> int:
+    from inflight_backend.checkpoint import load_config
+
+    return load_config(checkpoint).vocab_size
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def _progress(run: dict) -> None:
+    print(f"  {run['transport']:9s} {run['streams']:4d} streams: {run['tokens_per_s']:9.0f} tokens/s", file=sys.stderr,
+          flush=True)
+
+
+def baseline(rev: str, argv: list[str]) -> dict:
+    """Run this script from a worktree of `rev` (made once under build/baseline/) and return its results."""
+    tree = ROOT / "build" / "baseline" / rev
+    if not tree.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True)
+    out = tree / "build" / "serving_ceiling.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    skip = {"--baseline", "--json"}
+    rest, it = [], iter(argv)
+    for a in it:
+        if a in skip:
+            next(it, None)
+        else:
+            rest.append(a)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    subprocess.run([sys.executable, str(tree / "benchmarks" / "serving_ceiling.py"), *rest, "--json", str(out)],
+                   cwd=tree, env=env, check=True)
+    return json.loads(out.read_text())
+
+
+def table(results: list[dict]) -> str:
+    """One row per (transport, streams); for each result set its tokens/s and CPU ms per 1k tokens; ratios."""
+    head = "| transport | streams |"
+    rule = "|---|---:|"
+    for r in results:
+        head += (f" {r['commit']} tokens/s | {r['commit']} server CPU ms / 1k tokens (triton + stub) |"
+                 f" {r['commit']} client |")
+        rule += "---:|---:|---:|"
+    if len(results) == 2:
+        head += f" {results[1]['commit']} / {results[0]['commit']} |"
+        rule += "---:|"
+    lines = [head, rule]
+    keys = [(r["transport"], r["streams"]) for r in results[-1]["runs"]]
+    for key in keys:
+        row = f"| {key[0]} | {key[1]} |"
+        found = []
+        for r in results:
+            run = next((x for x in r["runs"] if (x["transport"], x["streams"]) == key), None)
+            found.append(run)
+            if run is None:
+                row += " - | - | - |"
+                continue
+            cpu = run["cpu_ms_per_1k"]
+            server = (f"{cpu['tritonserver']:.0f} + {cpu['stub']:.0f}" if "stub" in cpu
+                      else f"{cpu['engine']:.1f} (engine)")
+            client = f"{cpu['client']:.0f}" if "client" in cpu else "-"
+            row += f" {run['tokens_per_s']:,.0f} | {server} | {client} |"
+        if len(results) == 2 and None not in found:
+            row += f" {found[1]['tokens_per_s'] / found[0]['tokens_per_s']:.2f} |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", default=str(ROOT / "build/models/tiny-llama"))
+    parser.add_argument("--streams", type=int, nargs="+", default=[32, 128, 256, 512])
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--transports", nargs="+", default=["inprocess", "grpc", "http"],
+                        choices=["inprocess", "grpc", "http"])
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--baseline", help="a git revision to measure side by side (from its own worktree)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    args.checkpoint = str(Path(args.checkpoint).resolve())
+    results = []
+    if args.baseline:
+        results.append(baseline(args.baseline, argv))
+    results.append(measure(args))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results[-1], indent=2))
+    print(table(results))
+    for r in results:
+        for run in r["runs"]:
+            if run["transport"] == "inprocess":
+                split = ", ".join(f"{k} {v:.3f}" for k, v in run["split_ms"].items())
+                print(f"{r['commit']} inprocess {run['streams']}: {run['step_ms']:.3f} ms a step ({split} ms)")
+            elif run.get("errors") or run["tokens"] != run["expected_tokens"]:
+                print(f"{r['commit']} {run['transport']} {run['streams']}: {run['tokens']} of "
+                      f"{run['expected_tokens']} tokens; errors: {run.get('errors')}")
+
+
+if __name__ == "__main__":
+    main()
