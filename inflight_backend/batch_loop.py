@@ -3,7 +3,9 @@
 Other threads talk to the engine only through a command queue (submit, cancel), applied between steps, so
 the engine itself stays single-threaded and a step never sees its blocks freed under it, and through the few
 pure calls below (tokenize, validate, describe), which read nothing a step changes. Outputs go to a second
-thread, so sending responses never delays the next step.
+thread, so sending responses never delays the next step; when that thread falls behind, it takes every step's
+outputs waiting at once and merges each stream's into one (coalesce.py): one response per stream per turn,
+however many tokens it carries.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import traceback
 from typing import Callable
 
 from .block_manager import blocks_for
+from .coalesce import coalesce
 from .engine import InflightEngine, RequestError, RequestOutput
 from .request import PromptLimits, SamplingParams, ServerStopping
 from .stats import EngineStats
@@ -162,7 +165,21 @@ class BatchLoop:
                 continue
             if item is None or self._closed:
                 return
+            outputs, stats, end, behind = item[0], item[1], False, False
+            while True:  # everything else already waiting goes in the same turn
+                try:
+                    more = self._outputs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    end = True
+                    break
+                outputs, stats, behind = outputs + more[0], more[1], True
+            if behind:
+                outputs = coalesce(outputs)
             try:
-                self._emit(*item)
+                self._emit(outputs, stats)
             except Exception:  # keep delivering other requests' outputs
                 traceback.print_exc()
+            if end:
+                return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .coalesce import merge
 from .engine import RequestOutput
 from .responses import Piece
 
@@ -46,6 +47,19 @@ class Sequence:
     context_logits: object = None
     cum_logprob: float = 0.0
     first_token_seen: bool = False
+    stream_interval: int = 1
+    pending: RequestOutput | None = None  # stream_interval > 1: outputs merged, not sent yet
+
+
+def held_back(seq: Sequence, out: RequestOutput) -> RequestOutput | None:
+    """A stream with stream_interval N: `out` merged with what it holds; None while that is under N tokens and
+    the sequence goes on (it is held), else the output to send now."""
+    if seq.pending is not None:
+        out, seq.pending = merge(seq.pending, out), None
+    if out.finished or len(out.token_ids) >= seq.stream_interval:
+        return out
+    seq.pending = out
+    return None
 
 
 def accumulate(seq: Sequence, out: RequestOutput) -> None:

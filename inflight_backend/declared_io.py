@@ -15,6 +15,7 @@ INPUTS = {
     "messages": ("TYPE_STRING", [1]),  # instead of a prompt: OpenAI-format chat messages, JSON
     "max_tokens": ("TYPE_INT32", [1]),
     "stream": ("TYPE_BOOL", [1]),
+    "stream_interval": ("TYPE_INT32", [1]),  # streamed responses carry at least this many tokens (the last: the rest)
     "temperature": ("TYPE_FP32", [1]),
     "top_k": ("TYPE_INT32", [1]),
     "top_p": ("TYPE_FP32", [1]),

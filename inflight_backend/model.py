@@ -126,7 +126,7 @@ class TritonPythonModel:
                 call.open.add(req_id)
                 self._sequences[req_id] = Sequence(call, b, s, prefix_text, parsed.prompt_ids if keep_input else [],
                                                     arrival, parsed.returns, parsed.return_perf_metrics,
-                                                    len(parsed.prompt_ids))
+                                                    len(parsed.prompt_ids), stream_interval=parsed.stream_interval)
                 submits.append((req_id, parsed.prompt_ids, params, parsed.priority, first if s else None))
         with self._lock:
             self._calls[call.key] = call
@@ -241,6 +241,8 @@ class TritonPythonModel:
                       _FINAL if last else 0)
             return
         if call.stream:
+            if seq.stream_interval > 1 and (out := calls.held_back(seq, out)) is None:
+                return
             self._respond(call, [self._tensors(seq, out, out.text, out.token_ids)], last)
             return
         calls.accumulate(seq, out)

@@ -32,6 +32,7 @@ class ParsedRequest:
     num_return_sequences: int = 1
     returns: frozenset[str] = field(default_factory=frozenset)  # optional outputs asked for (see RETURNS)
     pad_id: int = 0
+    stream_interval: int = 1  # fewest tokens per streamed response (the last one: whatever is left)
 
 
 # return_* input -> the outputs it adds
@@ -65,7 +66,22 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
     if not 1 <= n <= MAX_RETURN_SEQUENCES:
         raise RequestError(f"num_return_sequences must be in [1, {MAX_RETURN_SEQUENCES}], got {n}")
     return ParsedRequest(prompt_ids, prompt_text, params, stream, bool(exclude), read.value("priority", 0, int),
-                         read.value("return_perf_metrics", False, bool), n, returns, read.value("pad_id", 0, int))
+                         read.value("return_perf_metrics", False, bool), n, returns, read.value("pad_id", 0, int),
+                         _stream_interval(read, stream, params))
+
+
+def _stream_interval(read: _Reader, stream: bool, params: SamplingParams) -> int:
+    interval = read.value("stream_interval", 1, int)
+    if interval == 1:
+        return 1
+    if not 1 <= interval <= MAX_STREAM_INTERVAL:
+        raise RequestError(f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], got {interval}")
+    if not stream:
+        raise RequestError("stream_interval applies to streamed requests only (stream=true)")
+    if params.needs_raw_logits:
+        raise RequestError("stream_interval > 1 cannot be combined with per-token log-probabilities or logits "
+                           "(each token's values go in its own response)")
+    return interval
 
 
 class _Reader:
@@ -132,6 +148,7 @@ def _sampling_params(read: _Reader, default_max_tokens: int, returns: frozenset[
 
 
 MAX_RETURN_SEQUENCES = 64
+MAX_STREAM_INTERVAL = 4096
 
 
 def _get(get, name: str) -> tuple[np.ndarray | None, str]:

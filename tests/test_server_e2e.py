@@ -150,3 +150,48 @@ def test_models_use_the_configured_attention_backend(server):
     ready = {line.split("model ")[1].split(" ")[0]: line for line in log.splitlines() if "inflight: model" in line}
     assert "attention: native" in ready["llm"]  # auto: the kernel library is built by `make native`
     assert "attention: torch" in ready["llm_gqa"]
+
+
+def test_concurrent_streams_and_stream_interval_carry_exactly_the_unstreamed_tokens_and_text(server):
+    """24 streams at once (the responder may merge a stream's waiting tokens into one response) and streams with
+    stream_interval 5: each concatenates to the ids and text of the same request answered in one response; every
+    response but the last of a stream_interval stream carries at least 5 tokens; the last one is FINAL."""
+    prompts = [f"coalesce {i} {'xyz' * i}" for i in range(24)]
+    whole = [grpc_generate(url(server), "llm", {"text_input": p, "max_tokens": 23, "stream": False,
+                                                "exclude_input_in_output": True}) for p in prompts]
+    streamed = [None] * len(prompts)
+    interval = [None] * 4
+
+    def send(i):
+        streamed[i] = grpc_generate(url(server), "llm", {"text_input": prompts[i], "max_tokens": 23, "stream": True})
+
+    def send_interval(i):
+        values = {"text_input": prompts[i], "max_tokens": 23, "stream": True, "stream_interval": 5}
+        seen = []
+        interval[i] = grpc_generate(url(server), "llm", values, on_token=lambda r: seen.append(len(r.ids)))
+        interval[i].sizes = [b - a for a, b in zip([0] + seen, seen)]
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(24)]
+    threads += [threading.Thread(target=send_interval, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, result in enumerate(streamed):
+        assert result.error is None and result.final
+        assert (result.ids, result.text) == (whole[i].ids, whole[i].text), i
+        assert result.num_responses <= len(result.ids) + 1
+    for i, result in enumerate(interval):
+        assert (result.ids, result.text) == (whole[i].ids, whole[i].text), i
+        assert all(size >= 5 for size in result.sizes[:-1]) and sum(result.sizes) == len(result.ids), result.sizes
+        assert len(result.sizes) <= len(result.ids) // 5 + 1
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"stream": False, "stream_interval": 4}, "stream_interval applies to streamed requests only"),
+    ({"stream": True, "stream_interval": 0}, "stream_interval must be in [1, 4096], got 0"),
+    ({"stream": True, "stream_interval": 2, "return_log_probs": True}, "stream_interval > 1 cannot be combined"),
+])
+def test_bad_stream_intervals_are_refused_by_name(server, values, message):
+    result = grpc_generate(url(server), "llm", {"text_input": "x", "max_tokens": 3, **values})
+    assert result.error is not None and message in result.error
