@@ -18,8 +18,9 @@ For Triton transports: tokens/s over the wall time from the first request to the
 seconds per 1,000 tokens of tritonserver, of the model's stub process, and of the clients (all processes share
 this machine's cores: the client's share shows whether it, not the server, was the limit).
 
---baseline REV runs the same measurement from a git worktree of REV (build/baseline/REV, made once) first, in
-its own processes, and prints both side by side with the ratios (REV must have this script).
+--baseline REV runs this same script first against a git worktree of REV (build/baseline/REV, made once): its
+backend, engine and server code, in their own processes; then against this tree; and prints both side by side
+with the ratios. REV needs `engine: null` (528449f or later).
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+# The tree whose backend is measured: this one, or (--baseline) a worktree of an older commit.
+ROOT = Path(os.environ.get("SERVING_CEILING_TREE") or Path(__file__).resolve().parent.parent)
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.targets import _pids, _proc_stat  # noqa: E402
@@ -83,17 +85,24 @@ def _grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: i
 
     done, tokens, lock = threading.Event(), [0], threading.Lock()
     remaining = [len(requests)]
-    errors = []
+    errors, last, gaps = [], {}, []  # gaps: each token's share of the time since its stream's last response
 
     def callback(result, error):
         if error is not None:
             errors.append(str(error))
             done.set()
             return
+        now = time.perf_counter()
         ids = result.as_numpy("output_ids")
-        final = result.get_response().parameters["triton_final_response"].bool_param
+        response = result.get_response()
+        final = response.parameters["triton_final_response"].bool_param
+        n = 0 if ids is None else int(ids.size)
         with lock:
-            tokens[0] += 0 if ids is None else int(ids.size)
+            tokens[0] += n
+            if n:
+                if response.id in last:
+                    gaps.extend([(now - last[response.id]) / n] * n)
+                last[response.id] = now
             if final:
                 remaining[0] -= 1
                 if remaining[0] == 0:
@@ -113,13 +122,16 @@ def _grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: i
     wanted = [grpcclient.InferRequestedOutput("output_ids")]
     cpu = time.process_time()
     start.wait()
+    if not bodies:
+        done.set()
     for rid, inputs in bodies:
         client.async_stream_infer("bench", inputs, request_id=rid, outputs=wanted, enable_empty_final_response=True)
     done.wait()
     end = time.perf_counter()
     client.stop_stream()
     client.close()
-    result_queue.put({"tokens": tokens[0], "end": end, "cpu": time.process_time() - cpu, "errors": errors[:3]})
+    result_queue.put({"tokens": tokens[0], "end": end, "cpu": time.process_time() - cpu, "errors": errors[:3],
+                      "gaps": gaps})
 
 
 def _http_client(port: int, requests: list[tuple[str, list[int]]], output_len: int, start, result_queue) -> None:
@@ -178,11 +190,13 @@ def through_triton(server, transport: str, streams: int, prompt_len: int, output
         p.join()
     tokens = sum(o["tokens"] for o in outs)
     errors = [e for o in outs for e in o["errors"]]
+    gaps = sorted(g for o in outs for g in o.get("gaps", []))
     cpu = {k: after[k] - before[k] for k in after}
     cpu["client"] = sum(o["cpu"] for o in outs)
     return {"tokens": tokens, "expected_tokens": streams * output_len, "seconds": wall, "tokens_per_s": tokens / wall,
             "cpu_ms_per_1k": {k: 1e6 * v / max(tokens, 1) for k, v in cpu.items()},
-            "cpu_share": {k: v / wall for k, v in cpu.items()}, "errors": errors[:3]}
+            "cpu_share": {k: v / wall for k, v in cpu.items()}, "errors": errors[:3],
+            "itl_p50_ms": 1000 * gaps[len(gaps) // 2] if gaps else None}
 
 
 def _server_cpu(server) -> dict[str, float]:
@@ -239,23 +253,18 @@ def _progress(run: dict) -> None:
           flush=True)
 
 
-def baseline(rev: str, argv: list[str]) -> dict:
-    """Run this script from a worktree of `rev` (made once under build/baseline/) and return its results."""
-    tree = ROOT / "build" / "baseline" / rev
+def baseline(args) -> dict:
+    """Run this script against a worktree of args.baseline (made once under build/baseline/); its results."""
+    tree = ROOT / "build" / "baseline" / args.baseline
     if not tree.exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True)
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.baseline], cwd=ROOT, check=True)
     out = tree / "build" / "serving_ceiling.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    skip = {"--baseline", "--json"}
-    rest, it = [], iter(argv)
-    for a in it:
-        if a in skip:
-            next(it, None)
-        else:
-            rest.append(a)
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    subprocess.run([sys.executable, str(tree / "benchmarks" / "serving_ceiling.py"), *rest, "--json", str(out)],
-                   cwd=tree, env=env, check=True)
+    argv = ["--checkpoint", args.checkpoint, "--streams", *map(str, args.streams), "--prompt-len",
+            str(args.prompt_len), "--output-len", str(args.output_len), "--transports", *args.transports,
+            "--clients", str(args.clients), "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(tree), "SERVING_CEILING_TREE": str(tree)}
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], cwd=tree, env=env, check=True)
     return json.loads(out.read_text())
 
 
@@ -296,7 +305,7 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default=str(ROOT / "build/models/tiny-llama"))
-    parser.add_argument("--streams", type=int, nargs="+", default=[32, 128, 256, 512])
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 32, 128, 256, 512])
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--transports", nargs="+", default=["inprocess", "grpc", "http"],
@@ -308,7 +317,7 @@ def main(argv=None) -> None:
     args.checkpoint = str(Path(args.checkpoint).resolve())
     results = []
     if args.baseline:
-        results.append(baseline(args.baseline, argv))
+        results.append(baseline(args))
     results.append(measure(args))
     if args.json:
         Path(args.json).write_text(json.dumps(results[-1], indent=2))
@@ -318,7 +327,9 @@ def main(argv=None) -> None:
             if run["transport"] == "inprocess":
                 split = ", ".join(f"{k} {v:.3f}" for k, v in run["split_ms"].items())
                 print(f"{r['commit']} inprocess {run['streams']}: {run['step_ms']:.3f} ms a step ({split} ms)")
-            elif run.get("errors") or run["tokens"] != run["expected_tokens"]:
+            elif run.get("itl_p50_ms") is not None and run["streams"] == 1:
+                print(f"{r['commit']} {run['transport']} 1 stream: inter-token gap p50 {run['itl_p50_ms']:.3f} ms")
+            if run["transport"] != "inprocess" and (run.get("errors") or run["tokens"] != run["expected_tokens"]):
                 print(f"{r['commit']} {run['transport']} {run['streams']}: {run['tokens']} of "
                       f"{run['expected_tokens']} tokens; errors: {run.get('errors')}")
 

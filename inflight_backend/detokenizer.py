@@ -41,7 +41,14 @@ class IncrementalDetokenizer:
         self._ids: list[int] = _context(prompt_ids, skip, byte_ids)
         self._prefix_offset = 0  # ids before this are fully released and not needed for context
         self._read_offset = len(self._ids)  # ids before this have had their text released
-        self.text = ""
+        self._released: list[str] = []  # the deltas so far (joined only when asked: no per-token copy)
+
+    @property
+    def text(self) -> str:
+        """Everything released so far (its cost grows with the text: for stop strings, not every token)."""
+        if len(self._released) > 1:
+            self._released = ["".join(self._released)]
+        return self._released[0] if self._released else ""
 
     def add(self, token_id: int) -> str:
         if token_id in self._skip:
@@ -62,7 +69,7 @@ class IncrementalDetokenizer:
             return ""
         delta = full[len(prefix):]
         self._prefix_offset, self._read_offset = self._read_offset, len(ids)
-        self.text += delta
+        self._released.append(delta)
         return delta
 
 

@@ -269,7 +269,7 @@ class InflightEngine:
         text = detok.add(token)
         p = request.params
         held = request.req_id in self._unsent
-        stop = self._stop(request, token, text, detok.text) if len(request.output_ids) >= p.min_tokens else None
+        stop = self._stop(request, token, text, detok) if len(request.output_ids) >= p.min_tokens else None
         if held:  # the text that could begin a stop string waits until it cannot
             text = self._release(request.req_id, detok.text, stop and stop[0])
         if stop is not None:
@@ -281,15 +281,17 @@ class InflightEngine:
             return self._finish(request, RequestStatus.FINISHED_LENGTH, [token], text)
         return RequestOutput(request.req_id, [token], text, token_time=now)
 
-    def _stop(self, request: Request, token: int, delta: str, text: str) -> tuple[int, str | None] | None:
-        """None: go on. Else (where, why): where -1 for a token, or the index in `text` where a stop string
-        starts; why: the stop string or token id (None for the end token)."""
+    def _stop(self, request: Request, token: int, delta: str,
+              detok: IncrementalDetokenizer) -> tuple[int, str | None] | None:
+        """None: go on. Else (where, why): where -1 for a token, or the index in the request's text (detok.text)
+        where a stop string starts; why: the stop string or token id (None for the end token)."""
         p = request.params
         if (token == p.end_id) if p.end_id is not None else (token in self.eos_ids):
             return -1, None
         if p.stop_token_seqs and any(ends_with(request.output_ids, seq) for seq in p.stop_token_seqs):
             return -1, str(token)
         if delta and p.stop_words:
+            text = detok.text
             window = max(len(text) - max(len(w) for w in p.stop_words) - len(delta), 0)
             found = [(k, w) for w in p.stop_words if (k := text.find(w, window)) >= 0]
             if found:

@@ -104,8 +104,7 @@ class Scheduler:
         self._budget = self.config.max_num_tokens
         policy = self.config.policy
         if policy == "fused":  # ORCA / TensorRT-LLM: decodes, then prompt chunks, then new prompts
-            self._schedule_running(out, decodes=True)
-            self._schedule_running(out, decodes=False)
+            self._schedule_running(out, decodes=True, then_others=True)
             self._admit(out)
         elif policy == "prefill_first":  # vLLM's original: a step is all prompt or all decode
             self._schedule_running(out, decodes=False)
@@ -113,8 +112,7 @@ class Scheduler:
             if out.is_empty:
                 self._schedule_running(out, decodes=True)
         elif self.running:  # static: the batch runs to completion before anyone joins
-            self._schedule_running(out, decodes=True)
-            self._schedule_running(out, decodes=False)
+            self._schedule_running(out, decodes=True, then_others=True)
         elif self._static_batch_ready(time.monotonic() if now is None else now):
             self._admit(out)
         return out
@@ -131,14 +129,28 @@ class Scheduler:
                 advanced.append(item.request)
         return advanced
 
-    def _schedule_running(self, out: SchedulerOutput, decodes: bool) -> None:
-        for request in list(self.running):
+    def _schedule_running(self, out: SchedulerOutput, decodes: bool, then_others: bool = False) -> None:
+        """The running requests of one kind (decodes, or prompts and recomputations), in order; with
+        `then_others`, the other kind after them. Each request is one kind for the whole step."""
+        first, others = [], []
+        for request in self.running:
+            (first if is_decode(request) == decodes else others).append(request)
+        self._schedule_kind(out, first, decodes)
+        if then_others:
+            self._schedule_kind(out, others, not decodes)
+
+    def _schedule_kind(self, out: SchedulerOutput, requests: list[Request], decodes: bool) -> None:
+        running = RequestStatus.RUNNING
+        for request in requests:
             if self._budget == 0:
                 return
-            if request.status != RequestStatus.RUNNING or is_decode(request) != decodes:
-                continue  # preempted earlier in this loop, or the other kind (each request is one kind per step)
-            limit = self._budget if decodes else min(self._budget, self.config.chunk_limit)
-            self._schedule(out, request, min(request.num_uncomputed_tokens, limit))
+            if request.status != running:
+                continue  # preempted earlier in this step
+            if decodes:
+                self._schedule(out, request, 1, True)
+            else:
+                limit = min(self._budget, self.config.chunk_limit)
+                self._schedule(out, request, min(request.num_uncomputed_tokens, limit), False)
 
     def _admit(self, out: SchedulerOutput) -> None:
         while self.waiting and self._budget > 0 and len(self.running) < self.config.max_batch_size:
@@ -163,7 +175,7 @@ class Scheduler:
             self.waiting.remove(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            self._schedule(out, request, num_tokens)
+            self._schedule(out, request, num_tokens, is_decode(request))
 
     def _next_waiting(self) -> Request | None:
         """Preempted requests first, then the highest priority (aged, so nobody starves), then arrival order.
@@ -226,12 +238,11 @@ class Scheduler:
         needed = blocks_for(request.max_total_tokens, self.blocks.block_size) - len(reused)
         return needed + reserved <= free
 
-    def _schedule(self, out: SchedulerOutput, request: Request, num_tokens: int) -> None:
+    def _schedule(self, out: SchedulerOutput, request: Request, num_tokens: int, decode: bool) -> None:
         end = request.num_computed_tokens + num_tokens
         if not self._allocate(out, request, end):
             return
-        decode = is_decode(request)
-        out.scheduled.append(ScheduledRequest(request, num_tokens, end == request.num_tokens,
+        out.scheduled.append(ScheduledRequest(request, num_tokens, decode or end == request.num_tokens,
                                               self.blocks.block_table(request.req_id), decode))
         if decode:
             out.num_decode_tokens += num_tokens
