@@ -53,8 +53,11 @@ def prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
 
 
+ENGINE = "null"  # --engine
+
+
 def engine_params(max_streams: int, prompt_len: int, output_len: int) -> dict:
-    return dict(engine="null", max_batch_size=max_streams, max_num_tokens=max(1024, max_streams),
+    return dict(engine=ENGINE, max_batch_size=max_streams, max_num_tokens=max(1024, max_streams),
                 num_kv_blocks=max_streams * blocks_for(prompt_len + output_len, BLOCK) + 8, block_size=BLOCK,
                 default_max_tokens=output_len)
 
@@ -262,7 +265,7 @@ def baseline(args) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     argv = ["--checkpoint", args.checkpoint, "--streams", *map(str, args.streams), "--prompt-len",
             str(args.prompt_len), "--output-len", str(args.output_len), "--transports", *args.transports,
-            "--clients", str(args.clients), "--json", str(out)]
+            "--clients", str(args.clients), "--engine", args.engine, "--json", str(out)]
     env = {**os.environ, "PYTHONPATH": str(tree), "SERVING_CEILING_TREE": str(tree)}
     subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], cwd=tree, env=env, check=True)
     return json.loads(out.read_text())
@@ -311,10 +314,14 @@ def main(argv=None) -> None:
     parser.add_argument("--transports", nargs="+", default=["inprocess", "grpc", "http"],
                         choices=["inprocess", "grpc", "http"])
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--engine", default="null", choices=["null", "pytorch"],
+                        help="pytorch: the real model instead (for latency with a model that takes time)")
     parser.add_argument("--baseline", help="a git revision to measure side by side (from its own worktree)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     args.checkpoint = str(Path(args.checkpoint).resolve())
+    global ENGINE
+    ENGINE = args.engine
     results = []
     if args.baseline:
         results.append(baseline(args))

@@ -30,12 +30,16 @@ def merge(first: RequestOutput, later: RequestOutput) -> RequestOutput:
 
 def coalesce(outputs: list[RequestOutput]) -> list[RequestOutput]:
     """`outputs` in order, each request's run of consecutive mergeable outputs merged into its first place."""
-    merged: list[RequestOutput] = []
-    open_at: dict[str, int] = {}  # req_id -> index in merged of its output still open to merging
+    merged: list[RequestOutput | list[RequestOutput]] = []  # a list: a run of one request's outputs, merged below
+    open_at: dict[str, int] = {}  # req_id -> index in merged of its run still open to merging
     for out in outputs:
         at = open_at.get(out.req_id)
         if at is not None and mergeable(out):
-            merged[at] = merge(merged[at], out)
+            run = merged[at]
+            if isinstance(run, list):
+                run.append(out)
+            else:
+                merged[at] = [run, out]
         else:
             open_at.pop(out.req_id, None)
             if mergeable(out):
@@ -43,4 +47,12 @@ def coalesce(outputs: list[RequestOutput]) -> list[RequestOutput]:
             merged.append(out)
         if out.finished:
             open_at.pop(out.req_id, None)
-    return merged
+    return [_join(item) if isinstance(item, list) else item for item in merged]
+
+
+def _join(run: list[RequestOutput]) -> RequestOutput:
+    """merge() over a run, building the token list and the text once."""
+    first, last = run[0], run[-1]
+    context = next((o.context_logits for o in run if o.context_logits is not None), None)
+    return replace(last, token_ids=[t for o in run for t in o.token_ids], text="".join(o.text for o in run),
+                   token_time=first.token_time, context_logits=context)

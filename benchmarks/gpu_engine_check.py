@@ -1,0 +1,152 @@
+"""The engine on a GPU, in process (run by benchmarks/gpu_check.sh after the kernel checks; about 5 minutes on an
+H200). Needs torch with CUDA, transformers, tokenizers, safetensors, numpy and jinja2 (the H200 image has them);
+no tritonserver.
+
+    python3 benchmarks/gpu_engine_check.py [--device cuda] [--big 8b|small] [--streams 256] [--skip-big]
+
+1. Oracle: a small random Llama (head size 64, GQA) through InflightEngine on the device, fp32 and bf16, 12
+   requests arriving a step apart, greedy, against transformers' `generate` on the same device and dtype.
+   fp32 must match token for token; bf16 prints how many requests match (transformers' bf16 matmuls round
+   differently from a packed batch's, so a near-tie may flip).
+2. The serving ceiling in process: engine `null` at 256 streams (the host CPU's scheduling, sampling and
+   detokenizing cost; the GPU does nothing there).
+3. Saturated: a Llama-3.1-8B-shaped checkpoint with random bf16 weights, written on the spot to
+   build/models/llama-8b-shape, --streams requests of 128 prompt tokens forced to 128 output tokens, all at once:
+   output tokens/s. TensorRT-LLM publishes 27,911 output tokens/s for Llama 3.1 8B in FP8 on one H200 at
+   128/128; the aim here is at least half (in bf16).
+`--device cpu --big small` runs the same code on the CPU with small shapes (how the script is checked without a GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.load_checkpoint import write_checkpoint  # noqa: E402
+from benchmarks.serving_ceiling import in_process  # noqa: E402
+from inflight_backend.config import EngineConfig  # noqa: E402
+from inflight_backend.engine import InflightEngine  # noqa: E402
+from inflight_backend.make_model import TinySpec, byte_level_tokenizer, make_model  # noqa: E402
+from inflight_backend.request import SamplingParams  # noqa: E402
+
+LLAMA_31_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+    "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 128000, "eos_token_id": 128001,
+    "torch_dtype": "bfloat16",
+}
+SMALL_BIG = {**LLAMA_31_8B, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024}
+
+
+def oracle(device: str, dtype: str, path: str) -> tuple[int, int]:
+    """(requests whose greedy tokens equal transformers', requests)."""
+    from transformers import LlamaForCausalLM
+
+    engine = InflightEngine(EngineConfig(checkpoint=path, device=device, dtype=dtype, num_kv_blocks=512,
+                                         max_batch_size=16))
+    rng = random.Random(0)
+    cases = [([256] + [rng.randrange(256) for _ in range(n)], m)
+             for n, m in zip([3, 17, 64, 130, 5, 300, 41, 90, 8, 220, 33, 1], [40, 12, 64, 25, 64, 9, 50, 30, 64,
+                                                                             16, 44, 64])]
+    got = {str(i): [] for i in range(len(cases))}
+    step = 0
+    while step < len(cases) or engine.has_unfinished():
+        if step < len(cases):
+            engine.add_request(str(step), cases[step][0], SamplingParams(max_tokens=cases[step][1]))
+        for out in engine.step():
+            got[out.req_id] += out.token_ids
+        step += 1
+    hf = LlamaForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+    same = 0
+    for i, (ids, n) in enumerate(cases):
+        with torch.inference_mode():
+            want = hf.generate(torch.tensor([ids], device=device), max_new_tokens=n, do_sample=False,
+                               attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
+                               pad_token_id=0)[0, len(ids):].tolist()
+        if 257 in want:
+            want = want[:want.index(257) + 1]
+        same += got[str(i)] == want
+    return same, len(cases)
+
+
+def saturated(device: str, path: str, streams: int, prompt_len: int = 128, output_len: int = 128) -> dict:
+    blocks = streams * -(-(prompt_len + output_len) // 16) + 16
+    engine = InflightEngine(EngineConfig(checkpoint=path, device=device, dtype="bfloat16", num_kv_blocks=blocks,
+                                         max_batch_size=streams, max_num_tokens=8192, enable_chunked_prefill=True))
+    vocab = engine.runner.vocab_size
+    rng = random.Random(1)
+    for i in range(streams):
+        engine.add_request(str(i), [rng.randrange(vocab) for _ in range(prompt_len)],
+                           SamplingParams(max_tokens=output_len, min_tokens=output_len))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start, tokens = time.perf_counter(), 0
+    while engine.has_unfinished():
+        tokens += sum(len(out.token_ids) for out in engine.step())
+    wall = time.perf_counter() - start
+    s = engine.stats
+    return {"streams": streams, "output_tokens": tokens, "seconds": wall, "output_tokens_per_s": tokens / wall,
+            "steps": s.num_steps, "model_s": s.model_seconds, "schedule_s": s.schedule_seconds,
+            "sample_s": s.sample_seconds}
+
+
+def big_checkpoint(shape: dict, path: Path) -> str:
+    if not (path / "config.json").exists():
+        print(f"writing {path} (random bf16 weights)", flush=True)
+        write_checkpoint(path, shape, num_shards=8 if shape["hidden_size"] >= 4096 else 1)
+        byte_level_tokenizer(shape["vocab_size"]).save(str(path / "tokenizer.json"))
+    return str(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--big", choices=["8b", "small"], default="8b")
+    parser.add_argument("--streams", type=int, default=256)
+    parser.add_argument("--skip-big", action="store_true")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device")
+        return 2
+    ok = True
+    small = make_model(str(ROOT / "build/models/gpu-oracle"), TinySpec(hidden_size=256, intermediate_size=688,
+                                                                      num_attention_heads=4, num_key_value_heads=2,
+                                                                      seed=11))
+    for dtype in ("float32", "bfloat16"):
+        start = time.perf_counter()
+        same, total = oracle(args.device, dtype, small)
+        print(f"oracle {dtype} on {args.device}: {same} of {total} requests equal transformers' greedy tokens "
+              f"({time.perf_counter() - start:.1f} s)", flush=True)
+        ok &= dtype != "float32" or same == total
+    ceiling = in_process(str(ROOT / "build/models/gpu-oracle"), 256, 32, 256)
+    print(f"serving ceiling in process (engine null, 256 streams): {ceiling['tokens_per_s']:,.0f} tokens/s, "
+          f"{ceiling['step_ms']:.3f} ms a step", flush=True)
+    if not args.skip_big:
+        shape = LLAMA_31_8B if args.big == "8b" else SMALL_BIG
+        start = time.perf_counter()
+        path = big_checkpoint(shape, ROOT / "build/models" / f"llama-{args.big}-shape")
+        print(f"checkpoint ready in {time.perf_counter() - start:.0f} s", flush=True)
+        run = saturated(args.device, path, args.streams)
+        print(f"saturated {args.big} bf16, {run['streams']} streams of 128 in / 128 out: "
+              f"{run['output_tokens_per_s']:,.0f} output tokens/s ({run['output_tokens']} tokens in "
+              f"{run['seconds']:.1f} s, {run['steps']} steps; model {run['model_s']:.1f} s, schedule "
+              f"{run['schedule_s']:.1f} s, sample {run['sample_s']:.1f} s)", flush=True)
+        print(json.dumps(run))
+    print("ENGINE CHECKS OK" if ok else "ENGINE CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
