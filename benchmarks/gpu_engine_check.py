@@ -47,7 +47,8 @@ LLAMA_31_8B = {
     "torch_dtype": "bfloat16",
 }
 SMALL_BIG = {**LLAMA_31_8B, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024}
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024,
+             "bos_token_id": 256, "eos_token_id": 257}
 
 
 def oracle(device: str, dtype: str, path: str) -> tuple[int, int]:

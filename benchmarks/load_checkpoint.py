@@ -96,6 +96,8 @@ def write_checkpoint(path: Path, config: dict, num_shards: int = 4, seed: int = 
             tensors[p + "post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
         if s == num_shards - 1:
             tensors["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+            if not config.get("tie_word_embeddings"):
+                tensors["lm_head.weight"] = rand(config["vocab_size"], h)
         save_file(tensors, str(path / f"model-{s + 1:05d}-of-{num_shards:05d}.safetensors"))
         del tensors
     (path / "config.json").write_text(json.dumps(config, indent=2))

@@ -46,6 +46,10 @@ def load_config(path: str) -> LlamaConfig:
     if generation.get("eos_token_id") is not None:  # what transformers' generate stops at (Llama 3 lists three)
         eos = generation["eos_token_id"]
         config = dataclasses.replace(config, eos_token_ids=tuple(eos if isinstance(eos, list) else [eos]))
+    outside = [t for t in config.eos_token_ids if not 0 <= t < config.vocab_size]
+    if outside:
+        raise CheckpointError(f"{path}: end token id {outside[0]} is outside the vocabulary (vocab_size "
+                              f"{config.vocab_size})")
     return config
 
 

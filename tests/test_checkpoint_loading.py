@@ -22,3 +22,16 @@ def test_a_bfloat16_checkpoint_loads_as_float32_without_a_second_copy(tmp_path):
     # own allocations); a whole-file load and its cast held the bf16 and fp32 copies at once: 2.4x.
     assert peak < 1.8 * weights, f"peak {peak / 2**20:.0f} MiB for {weights / 2**20:.0f} MiB of weights"
     assert "as float32 loaded in" in result["report"]
+
+
+def test_an_end_token_outside_the_vocabulary_is_refused_at_load(tmp_path):
+    import json
+
+    import pytest
+
+    from inflight_backend.checkpoint import CheckpointError, load_config
+
+    path = make_model(str(tmp_path / "ckpt"), TinySpec())
+    (tmp_path / "ckpt" / "generation_config.json").write_text(json.dumps({"eos_token_id": [257, 128001]}))
+    with pytest.raises(CheckpointError, match="end token id 128001 is outside the vocabulary"):
+        load_config(path)
