@@ -73,6 +73,18 @@ class IncrementalDetokenizer:
         return delta
 
 
+class NoText:
+    """IncrementalDetokenizer's place for a request whose client reads ids only: no decoding per token."""
+
+    text = ""
+
+    def add(self, token_id: int) -> str:
+        return ""
+
+    def flush(self) -> str:
+        return ""
+
+
 _CONTEXT_TOKENS = 6  # vLLM decodes the first new token with 5 prompt tokens before it
 
 

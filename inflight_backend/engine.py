@@ -15,7 +15,7 @@ from .block_manager import BlockManager, blocks_for
 from .chat import ChatTemplate
 from .checkpoint import load_config, load_tokenizer
 from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer, byte_fallback_ids, special_ids
+from .detokenizer import IncrementalDetokenizer, NoText, byte_fallback_ids, special_ids
 from .engines.base import ModelRunner
 from .engines.step_inputs import context_rows
 from .request import RequestError  # noqa: F401 (re-exported: callers catch it from here too)
@@ -173,8 +173,9 @@ class InflightEngine:
         if arrival_time is not None:
             request.arrival_time = arrival_time
         self._requests[req_id] = request
-        self._detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer, self._special_ids, prompt_ids,
-                                                            self._byte_ids)
+        self._detokenizers[req_id] = (
+            IncrementalDetokenizer(self.tokenizer, self._special_ids, prompt_ids, self._byte_ids)
+            if params.detokenize or params.stop_words else NoText())
         if params.stop_words and not params.include_stop_str_in_output:
             self._unsent[req_id] = 0
             self._hold[req_id] = max(len(w) for w in params.stop_words) - 1

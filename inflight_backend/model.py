@@ -112,15 +112,16 @@ class TritonPythonModel:
         call = Call(str(next(self._ids)), sender, rows[0].stream, not self.decoupled, self.batched,
                      _requested(request), pad_id=rows[0].pad_id)
         submits = []  # (req_id, prompt ids, params, priority, the row's first sequence: its prompt blocks' source)
+        text = call.outputs is None or "text_output" in call.outputs  # else no detokenizing, per token or not
         for b, parsed in enumerate(rows):
             keep_input = not parsed.stream and not parsed.exclude_input_in_output
             # decode(prompt) + the deltas (decode(prompt + output) - decode(prompt)) == decode(prompt + output)
-            prefix_text = self.loop.decode(parsed.prompt_ids) if keep_input else ""
+            prefix_text = self.loop.decode(parsed.prompt_ids) if keep_input and text else ""
             first = None
             for s in range(parsed.num_return_sequences):
                 req_id = str(next(self._ids))
                 first = first or req_id
-                params = parsed.params
+                params = parsed.params if text else replace(parsed.params, detokenize=False)
                 if s and params.seed is not None:  # sequence s: the same request alone with seed + s
                     params = replace(params, seed=params.seed + s)
                 call.open.add(req_id)

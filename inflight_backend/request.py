@@ -61,6 +61,7 @@ class SamplingParams:
     return_generation_logits: bool = False  # each generated token's raw logits (vocab floats, fp32)
     return_context_logits: bool = False  # the prompt's logits (one row per prompt token), on the first output
     include_stop_str_in_output: bool = True  # False (vLLM's default): the text ends before the stop string
+    detokenize: bool = True  # False: outputs carry ids and no text (the client asked for no text; no stop strings)
 
     @property
     def penalized(self) -> bool:

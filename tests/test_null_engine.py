@@ -32,3 +32,22 @@ def test_the_null_engine_streams_one_token_through_the_whole_serving_path(tiny_m
         assert got[str(i)] == [token] * (5 + i)  # sampled too: the fixed logits leave one likely token
         assert text[str(i)] == engine.tokenizer.decode([token] * (5 + i))
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_a_request_without_text_gets_the_same_ids_and_no_decoding(tiny_model):
+    """detokenize=False (a client that asked for ids only): same ids, empty text; stop strings still need text,
+    so a request with them is decoded anyway and stops where the decoded one does."""
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=64))
+
+    def run(**params):
+        engine.add_request("r", [256] + list(b"the quick"), SamplingParams(max_tokens=24, **params))
+        outs = []
+        while engine.has_unfinished():
+            outs += engine.step()
+        return [t for o in outs for t in o.token_ids], "".join(o.text for o in outs), outs[-1].finish_reason
+
+    ids, text, _ = run()
+    assert text and run(detokenize=False) == (ids, "", "length")
+    word = text[3:5]
+    assert run(stop_words=(word,), detokenize=False) == run(stop_words=(word,))
+    assert run(stop_words=(word,))[2] == "stop"

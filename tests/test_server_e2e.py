@@ -195,3 +195,13 @@ def test_concurrent_streams_and_stream_interval_carry_exactly_the_unstreamed_tok
 def test_bad_stream_intervals_are_refused_by_name(server, values, message):
     result = grpc_generate(url(server), "llm", {"text_input": "x", "max_tokens": 3, **values})
     assert result.error is not None and message in result.error
+
+
+def test_a_client_that_reads_ids_only_gets_the_same_ids(server):
+    """Asking for output_ids alone (as benchmarks and token-counting clients do) skips detokenizing; the ids are
+    those of a request that reads everything."""
+    values = {"text_input": "ids only, please", "max_tokens": 20, "stream": True}
+    full = grpc_generate(url(server), "llm", values)
+    ids_only = grpc_generate(url(server), "llm", values, outputs=["output_ids"])
+    assert ids_only.ids == full.ids and full.text
+    assert ids_only.output_names == {"output_ids"}
