@@ -54,6 +54,7 @@ def prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 
 ENGINE = "null"  # --engine
+EXTRA: dict = {}  # --param KEY=VALUE: more model parameters, for the Triton runs
 
 
 def engine_params(max_streams: int, prompt_len: int, output_len: int) -> dict:
@@ -209,6 +210,18 @@ def _server_cpu(server) -> dict[str, float]:
 
 
 def measure(args) -> dict:
+    """Every (transport, streams) --repeat times, round after round; each row is its round of median tokens/s,
+    with every round's figure in `rounds`."""
+    rounds = [_measure_once(args) for _ in range(args.repeat)]
+    runs = []
+    for i, first in enumerate(rounds[0]["runs"]):
+        all_rounds = sorted((r["runs"][i] for r in rounds), key=lambda run: run["tokens_per_s"])
+        median = all_rounds[len(all_rounds) // 2]
+        runs.append({**median, "rounds": [run["tokens_per_s"] for run in (r["runs"][i] for r in rounds)]})
+    return {"commit": rounds[0]["commit"], "runs": runs}
+
+
+def _measure_once(args) -> dict:
     results: dict = {"commit": _commit(), "runs": []}
     if "inprocess" in args.transports:
         for n in args.streams:
@@ -221,7 +234,7 @@ def measure(args) -> dict:
         from inflight_backend.server import TritonServer, free_port
 
         workdir = ROOT / "build" / "serving_ceiling"
-        params = engine_params(max(args.streams), args.prompt_len, args.output_len)
+        params = {**engine_params(max(args.streams), args.prompt_len, args.output_len), **EXTRA}
         repo = write_repository(workdir / "repo", {"bench": model_config(args.checkpoint, "bench", **params)})
         server = TritonServer(repo, free_port(), free_port(), free_port(), log_file=workdir / "tritonserver.log")
         server.start()
@@ -265,7 +278,8 @@ def baseline(args) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     argv = ["--checkpoint", args.checkpoint, "--streams", *map(str, args.streams), "--prompt-len",
             str(args.prompt_len), "--output-len", str(args.output_len), "--transports", *args.transports,
-            "--clients", str(args.clients), "--engine", args.engine, "--json", str(out)]
+            "--clients", str(args.clients), "--engine", args.engine, "--repeat", str(args.repeat), "--json", str(out)]
+    argv += [a for p in args.param for a in ("--param", p)]
     env = {**os.environ, "PYTHONPATH": str(tree), "SERVING_CEILING_TREE": str(tree)}
     subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], cwd=tree, env=env, check=True)
     return json.loads(out.read_text())
@@ -297,7 +311,10 @@ def table(results: list[dict]) -> str:
             server = (f"{cpu['tritonserver']:.0f} + {cpu['stub']:.0f}" if "stub" in cpu
                       else f"{cpu['engine']:.1f} (engine)")
             client = f"{cpu['client']:.0f}" if "client" in cpu else "-"
-            row += f" {run['tokens_per_s']:,.0f} | {server} | {client} |"
+            spread = ""
+            if len(run.get("rounds", [])) > 1:
+                spread = f" ({min(run['rounds']):,.0f}-{max(run['rounds']):,.0f})"
+            row += f" {run['tokens_per_s']:,.0f}{spread} | {server} | {client} |"
         if len(results) == 2 and None not in found:
             row += f" {found[1]['tokens_per_s'] / found[0]['tokens_per_s']:.2f} |"
         lines.append(row)
@@ -314,14 +331,18 @@ def main(argv=None) -> None:
     parser.add_argument("--transports", nargs="+", default=["inprocess", "grpc", "http"],
                         choices=["inprocess", "grpc", "http"])
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; tables show each row's median round")
     parser.add_argument("--engine", default="null", choices=["null", "pytorch"],
                         help="pytorch: the real model instead (for latency with a model that takes time)")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="a model parameter for the Triton runs (repeatable)")
     parser.add_argument("--baseline", help="a git revision to measure side by side (from its own worktree)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     args.checkpoint = str(Path(args.checkpoint).resolve())
     global ENGINE
     ENGINE = args.engine
+    EXTRA.update(p.split("=", 1) for p in args.param)
     results = []
     if args.baseline:
         results.append(baseline(args))
