@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/peers/convert_gguf.py CHECKPOINT OUT.gguf
 
 Runs the llama.cpp tree's own convert_hf_to_gguf.py (from benchmarks/peers/install.sh's download) in float32,
-with two workarounds for our tokenizer, which no released model has:
+with two workarounds for our tokenizer, which no released model has (and without the sentencepiece package: a
+checkpoint without tokenizer.model goes straight to the tokenizer.json paths):
 - its pre-tokenizer's hash is unknown to the converter (it splits nothing): it is written as `gpt-2`, which
   llama.cpp then runs (it does split words, so prompts are sent as token ids, never as text);
 - it has no merges (every byte is a token) and the converter cannot write an empty merges list: one merge of two
@@ -40,6 +41,14 @@ def main(checkpoint: str, out: str) -> None:
             return "gpt-2"
 
     base.TextModel.get_vocab_base_pre = pre_tokenizer
+    sentencepiece = base.TextModel._set_vocab_sentencepiece
+
+    def no_sentencepiece_model(self, *args, **kwargs):  # (its import needs the sentencepiece package first)
+        if not (self.dir_model / "tokenizer.model").is_file():
+            raise FileNotFoundError("no tokenizer.model")
+        return sentencepiece(self, *args, **kwargs)
+
+    base.TextModel._set_vocab_sentencepiece = no_sentencepiece_model
     add_to_gguf = gguf.SpecialVocab.add_to_gguf
 
     def with_a_merge(self, gw, quiet=False):

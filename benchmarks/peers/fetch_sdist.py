@@ -37,7 +37,13 @@ def fetch(name: str, version: str, out_dir: Path) -> Path:
             raise SystemExit(f"{archive.name}: sha256 differs from the index's")
         archive.write_bytes(data)
     with tarfile.open(archive) as tar:
-        tar.extractall(out_dir, filter="data")
+        root = out_dir.resolve()
+        for member in tar.getmembers():  # (extractall's `filter` needs Python 3.11.4)
+            target = (out_dir / member.name).resolve()
+            if not target.is_relative_to(root) or member.issym() or member.islnk() and not (
+                    out_dir / member.linkname).resolve().is_relative_to(root):
+                raise SystemExit(f"{archive.name}: {member.name} would land outside {out_dir}")
+        tar.extractall(out_dir)
     (unpacked / ".complete").touch()
     return unpacked
 
