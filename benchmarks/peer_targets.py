@@ -227,12 +227,17 @@ def check_greedy(target, checkpoint: str, cases: list[tuple[list[int], int]]) ->
 
 
 def _cpu(pid: int) -> float:
-    """CPU seconds of a process and its children so far (vLLM runs its engine in a child process)."""
+    """CPU seconds so far of a process and all its descendants (vLLM runs its engine in a child process)."""
     from benchmarks.targets import _pids, _proc_stat
 
-    total = _proc_stat(pid)[1]
-    for child in _pids():
-        parent, cpu = _proc_stat(child)
-        if parent == pid:
-            total += cpu
+    stats = {p: _proc_stat(p) for p in _pids()}
+    family, total, grew = {pid}, 0.0, True
+    while grew:
+        grew = False
+        for p, (parent, _) in stats.items():
+            if parent in family and p not in family:
+                family.add(p)
+                grew = True
+    for p in family:
+        total += stats.get(p, _proc_stat(p))[1]
     return total
