@@ -30,22 +30,16 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.load_checkpoint import write_checkpoint  # noqa: E402
+from benchmarks.load_checkpoint import LLAMA_32_1B, write_checkpoint  # noqa: E402
 from benchmarks.serving_ceiling import in_process  # noqa: E402
 from inflight_backend.config import EngineConfig  # noqa: E402
 from inflight_backend.engine import InflightEngine  # noqa: E402
 from inflight_backend.make_model import TinySpec, byte_level_tokenizer, make_model  # noqa: E402
 from inflight_backend.request import SamplingParams  # noqa: E402
 
-LLAMA_31_8B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-    "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192},
-    "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 128000, "eos_token_id": 128001,
-    "torch_dtype": "bfloat16",
-}
+LLAMA_31_8B = {**LLAMA_32_1B, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+               "head_dim": 128, "tie_word_embeddings": False,
+               "rope_scaling": {**LLAMA_32_1B["rope_scaling"], "factor": 8.0}}
 SMALL_BIG = {**LLAMA_31_8B, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024,
              "bos_token_id": 256, "eos_token_id": 257}

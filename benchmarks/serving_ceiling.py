@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(os.environ.get("SERVING_CEILING_TREE") or Path(__file__).resolve().parent.parent)
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.targets import _pids, _proc_stat  # noqa: E402
+from benchmarks.targets import _pids, _proc_stat, grpc_input  # noqa: E402
 from inflight_backend.block_manager import blocks_for  # noqa: E402
 from inflight_backend.config import EngineConfig  # noqa: E402
 from inflight_backend.engine import InflightEngine  # noqa: E402
@@ -113,11 +113,7 @@ def _grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: i
                 if remaining[0] == 0:
                     done.set()
 
-    def tensor(name, array, kind):
-        t = grpcclient.InferInput(name, list(array.shape), kind)
-        t.set_data_from_numpy(array)
-        return t
-
+    tensor = grpc_input
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
     client.start_stream(callback=callback)
     n = np.array([output_len], dtype=np.int32)

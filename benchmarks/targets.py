@@ -151,11 +151,7 @@ class TritonTarget:
             if response.parameters["triton_final_response"].bool_param:
                 sub.finished()
 
-        def tensor(name, array, kind):
-            t = grpcclient.InferInput(name, list(array.shape), kind)
-            t.set_data_from_numpy(array)
-            return t
-
+        tensor = grpc_input
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{self.server.grpc_port}")
         wanted = [grpcclient.InferRequestedOutput("output_ids")]  # token ids are all this client reads
         client.start_stream(callback=callback)
@@ -202,6 +198,15 @@ class TritonTarget:
         values = read_metrics(self.server.metrics_port)
         return {dict(labels)["phase"]: v for (name, labels), v in values.items()
                 if name == "inflight_step_seconds_total"}
+
+
+def grpc_input(name: str, array, kind: str):
+    """A tritonclient gRPC input holding `array` (Triton type name `kind`)."""
+    import tritonclient.grpc as grpcclient
+
+    t = grpcclient.InferInput(name, list(array.shape), kind)
+    t.set_data_from_numpy(array)
+    return t
 
 
 def _pids() -> list[int]:
