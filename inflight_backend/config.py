@@ -27,7 +27,7 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     attention_backend: str = "auto"  # native kernels when built, else the torch reference
-    linear_backend: str = "auto"  # CPU linear layers: native skinny GEMM (fp32, AVX-512) when built, else torch
+    linear_backend: str = "auto"  # CPU linear layers: native skinny GEMM (fp32, AVX-512 or AVX2) when built, else torch
     block_size: int = 16
     num_kv_blocks: int = 512  # KV pool size in blocks; 0 sizes it to fit every sequence at full context
     max_batch_size: int = 64  # running sequences per iteration

@@ -7,7 +7,7 @@
   (benchmarks/skinny_gemm.py).
 - `torch`: InputMajorLinear, the weight stored transposed, (in, out) contiguous: MKL's GEMM for few rows runs
   up to 2x faster with that layout than with nn.Linear's (out, in).
-`auto` picks native for fp32 when the library is built with AVX-512, else torch. CUDA models keep nn.Linear.
+`auto` picks native for fp32 when the library is built with AVX-512 or AVX2+FMA, else torch. CUDA models keep nn.Linear.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def resolve(backend: str, dtype: torch.dtype):
     lib = skinny_gemm.load_library() if dtype == torch.float32 else None
     if lib is None and backend == "native":
         raise RuntimeError("linear_backend: native needs fp32 and build/lib/libinflight_sgemm_cpu.so built with "
-                           "AVX-512 (`make native` on an AVX-512 machine); use auto or torch")
+                           "AVX-512 or AVX2+FMA (`make native` on such a machine); use auto or torch")
     return lib
 
 

@@ -15,7 +15,7 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 @lru_cache(maxsize=1)
 def load_library() -> ctypes.CDLL | None:
-    """The kernel library, or None when it has not been built or was built without AVX-512."""
+    """The kernel library, or None when it has not been built or was built without AVX-512 or AVX2+FMA."""
     path = LIB_DIR / "libinflight_sgemm_cpu.so"
     if not path.exists():
         return None
@@ -29,7 +29,7 @@ def load_library() -> ctypes.CDLL | None:
     x, out = torch.ones(1, 1), torch.empty(1)
     packed = pack(lib, x)  # every buffer the call touches stays referenced until it returns
     if lib.sg_gemm_f32(x.data_ptr(), 1, 1, 1, packed.data_ptr(), 1, None, out.data_ptr()) != SG_OK:
-        return None  # built without AVX-512
+        return None  # built for a processor without AVX-512 or AVX2+FMA
     return lib
 
 

@@ -1,6 +1,7 @@
 // Skinny GEMM (see include/skinny_gemm.h). Work is split over column tiles of SG_TILE (four AVX-512 vectors);
 // within a tile, the packed (K x SG_TILE) panel is walked in chunks of kChunk rows that stay in L1 while every
 // block of up to 6 rows of x runs over them with 6 x 4 accumulators in registers (partial sums live in y).
+// Built for AVX2+FMA without AVX-512, the same walk runs on quarter tiles (below).
 #include "skinny_gemm.h"
 
 #include <string.h>
@@ -109,6 +110,91 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
           kRowBlocks[rows](x + m0 * ldx, ldx, panel, k0, kc, N, n0, masks, bias, k0 == 0, y + m0 * N,
                            left > 0 ? next + first_line * 64 : nullptr, per_k, left > 0 ? left : 0);
           m0 += rows;
+        }
+      }
+    }
+  }
+  return SG_OK;
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+// AVX2: 16 vector registers of 8 floats. A tile's 64 columns go in four parts of 16 (2 vectors), each with
+// blocks of up to 6 rows: 6 x 2 accumulators, one broadcast of x and 2 weight vectors at a time fill the
+// register file, and each k row costs 8 loads for 12 FMAs (the FMA units, not the loads, set the pace). All
+// four parts run over a chunk of the panel while it is in L1.
+namespace {
+
+constexpr int kRows = 6;
+constexpr int kPart = 16;
+constexpr int64_t kSlab = 96;
+constexpr int64_t kChunk = 64;  // 64 x SG_TILE floats = 16 KB of the panel
+
+// Columns [c0, c0 + width) (width <= kPart) of rows [0, R) of y, over the panel's k rows [k0, k0 + kc); `panel`
+// points at this part's first column. First chunk: start from bias or zero; else from y. Partial parts (the
+// last tile's) load and store through lane masks, so the accumulators never leave the registers.
+template <int R>
+void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t kc, int64_t N, int64_t c0,
+               int width, const float* bias, bool first, float* y) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(width), lanes);
+  const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(width - 8), lanes);
+  __m256 acc[R][2];
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+    const float* src = first ? bias : y + i * N;
+    acc[i][0] = src ? _mm256_maskload_ps(src + c0, m0) : _mm256_setzero_ps();
+    acc[i][1] = src ? _mm256_maskload_ps(src + c0 + 8, m1) : _mm256_setzero_ps();
+  }
+  panel += k0 * SG_TILE;
+  x += k0;
+  for (int64_t k = 0; k < kc; ++k, panel += SG_TILE) {
+    const __m256 w0 = _mm256_loadu_ps(panel), w1 = _mm256_loadu_ps(panel + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < R; ++i) {
+      const __m256 xv = _mm256_broadcast_ss(x + i * ldx + k);
+      acc[i][0] = _mm256_fmadd_ps(xv, w0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(xv, w1, acc[i][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+    _mm256_maskstore_ps(y + i * N + c0, m0, acc[i][0]);
+    _mm256_maskstore_ps(y + i * N + c0 + 8, m1, acc[i][1]);
+  }
+}
+
+using RowBlockFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, int,
+                            const float*, bool, float*);
+constexpr RowBlockFn kRowBlocks[kRows + 1] = {nullptr, row_block<1>, row_block<2>, row_block<3>,
+                                              row_block<4>, row_block<5>, row_block<6>};
+
+}  // namespace
+
+extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, const float* packed, int64_t N,
+                           const float* bias, float* y) {
+  if (M < 0 || K <= 0 || N <= 0 || ldx < K) return SG_ERR_SHAPE;
+  const int64_t tiles = (N + SG_TILE - 1) / SG_TILE;
+  for (int64_t s0 = 0; s0 < M; s0 += kSlab) {
+    const int64_t s1 = M - s0 < kSlab ? M : s0 + kSlab;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const float* panel = packed + t * K * SG_TILE;
+      // Rows split as evenly as blocks of at most kRows allow (see the AVX-512 version).
+      const int64_t blocks = (s1 - s0 + kRows - 1) / kRows, base = (s1 - s0) / blocks, extra = (s1 - s0) % blocks;
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        const int64_t kc = K - k0 < kChunk ? K - k0 : kChunk;
+        for (int part = 0; part < SG_TILE / kPart; ++part) {
+          const int64_t c0 = t * SG_TILE + part * kPart;
+          if (c0 >= N) break;
+          const int width = N - c0 >= kPart ? kPart : (int)(N - c0);
+          for (int64_t b = 0, m0 = s0; b < blocks; ++b) {
+            const int rows = (int)(base + (b < extra ? 1 : 0));
+            kRowBlocks[rows](x + m0 * ldx, ldx, panel + part * kPart, k0, kc, N, c0, width, bias, k0 == 0,
+                             y + m0 * N);
+            m0 += rows;
+          }
         }
       }
     }

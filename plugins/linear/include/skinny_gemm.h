@@ -21,7 +21,8 @@ int64_t sg_packed_size(int64_t K, int64_t N);
 int sg_pack_f32(const float* w, int64_t K, int64_t N, float* packed);
 
 // y = x @ w + bias. x: (M, K) with row stride ldx (elements); packed: from sg_pack_f32; bias: (N,) or NULL;
-// y: (M, N) contiguous. Returns SG_ERR_UNSUPPORTED when built without AVX-512 (the caller uses its own GEMM).
+// y: (M, N) contiguous. Returns SG_ERR_UNSUPPORTED when built without AVX-512 or AVX2+FMA (the caller uses its
+// own GEMM).
 int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, const float* packed, int64_t N,
                 const float* bias, float* y);
 
