@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(os.environ.get("SERVING_CEILING_TREE") or Path(__file__).resolve().parent.parent)
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.targets import _pids, _proc_stat, grpc_input  # noqa: E402
+from benchmarks.targets import grpc_input, server_cpu  # noqa: E402
 from inflight_backend.block_manager import blocks_for  # noqa: E402
 from inflight_backend.config import EngineConfig  # noqa: E402
 from inflight_backend.engine import InflightEngine  # noqa: E402
@@ -181,12 +181,12 @@ def through_triton(server, transport: str, streams: int, prompt_len: int, output
     for p in procs:
         p.start()
     time.sleep(2.0)  # clients imported and connected
-    before = _server_cpu(server)
+    before = server_cpu(server)
     t0 = time.perf_counter()
     start.set()
     outs = [results.get(timeout=900) for _ in procs]
     wall = max(o["end"] for o in outs) - t0
-    after = _server_cpu(server)
+    after = server_cpu(server)
     for p in procs:
         p.join()
     tokens = sum(o["tokens"] for o in outs)
@@ -198,12 +198,6 @@ def through_triton(server, transport: str, streams: int, prompt_len: int, output
             "cpu_ms_per_1k": {k: 1e6 * v / max(tokens, 1) for k, v in cpu.items()},
             "cpu_share": {k: v / wall for k, v in cpu.items()}, "errors": errors[:3],
             "itl_p50_ms": 1000 * gaps[len(gaps) // 2] if gaps else None}
-
-
-def _server_cpu(server) -> dict[str, float]:
-    pid = server.process.pid
-    stubs = [stat for stat in map(_proc_stat, _pids()) if stat[0] == pid]
-    return {"tritonserver": _proc_stat(pid)[1], "stub": sum(cpu for _, cpu in stubs)}
 
 
 def measure(args) -> dict:

@@ -187,10 +187,7 @@ class TritonTarget:
 
     def _cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) so far of tritonserver, of the model's stub process, and of this client."""
-        server = self.server.process.pid
-        children = [stat for stat in map(_proc_stat, _pids()) if stat[0] == server]
-        return {"tritonserver": _proc_stat(server)[1], "stub": sum(cpu for _, cpu in children),
-                "client": time.process_time()}
+        return {**server_cpu(self.server), "client": time.process_time()}
 
     def _phase_seconds(self) -> dict[str, float]:
         from inflight_backend.server import read_metrics
@@ -198,6 +195,13 @@ class TritonTarget:
         values = read_metrics(self.server.metrics_port)
         return {dict(labels)["phase"]: v for (name, labels), v in values.items()
                 if name == "inflight_step_seconds_total"}
+
+
+def server_cpu(server) -> dict[str, float]:
+    """CPU seconds (user + system) so far of a TritonServer's tritonserver and of its stub processes."""
+    pid = server.process.pid
+    stubs = [stat for stat in map(_proc_stat, _pids()) if stat[0] == pid]
+    return {"tritonserver": _proc_stat(pid)[1], "stub": sum(cpu for _, cpu in stubs)}
 
 
 def grpc_input(name: str, array, kind: str):

@@ -14,6 +14,7 @@ import numpy as np
 from .block_manager import BlockManager, blocks_for
 from .chat import ChatTemplate
 from .checkpoint import load_config, load_tokenizer
+from .models.llama import LlamaConfig
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer, NoText, byte_fallback_ids, special_ids
 from .engines.base import ModelRunner
@@ -78,7 +79,7 @@ class InflightEngine:
             config.max_batch_size, config.max_num_tokens, config.enable_chunked_prefill, config.batching_policy,
             config.capacity_policy, config.max_queue_delay_ms / 1000.0, config.priority_aging_s,
             config.max_chunk_tokens, config.cache_aware_admission_ms / 1000.0), self.blocks)
-        self.runner = runner or _make_runner(config, num_blocks)
+        self.runner = runner or _make_runner(config, num_blocks, self.model_config)
         self.sampler = Sampler()
         self.stats = EngineStats(kv_blocks_total=num_blocks)
         self._requests: dict[str, Request] = {}
@@ -332,11 +333,10 @@ class InflightEngine:
                              num_cached_tokens=request.num_shared_blocks * self.blocks.block_size)
 
 
-def _make_runner(config: EngineConfig, num_blocks: int) -> ModelRunner:
+def _make_runner(config: EngineConfig, num_blocks: int, model: LlamaConfig) -> ModelRunner:
     if config.engine == "null":
         from .engines.null_runner import NullRunner
 
-        model = load_config(config.checkpoint)
         return NullRunner(model.vocab_size, model.eos_token_ids)
     if config.engine == "tensorrt":
         from .engines.tensorrt_runner import TensorRTRunner

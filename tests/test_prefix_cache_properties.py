@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from inflight_backend.block_manager import BlockManager, blocks_for
 from inflight_backend.request import Request, RequestStatus, SamplingParams
 from inflight_backend.scheduler import Scheduler, SchedulerConfig
-from tests.test_scheduler_properties import fake_token
+from tests.test_scheduler_properties import fake_token, finish_step
 
 
 @dataclass
@@ -63,11 +63,7 @@ def run(arrivals, policy, capacity, chunked, block_size, num_blocks, reuse, max_
             assert [kv.get(slot[p]) for p in range(start)] == known[:start], "a request read K/V not its own"
             for p in range(start, start + item.num_tokens):
                 kv[slot[p]] = known[p]
-        sampled = [fake_token(item.request) for item in out.scheduled if item.sample]
-        for r in sched.update(out, sampled):
-            if len(r.output_ids) >= r.params.max_tokens:
-                sched.finish(r, RequestStatus.FINISHED_LENGTH)
-        bm.check_integrity()
+        finish_step(sched, bm, out)
         step += 1
         assert step < 5000, "a request never finished"
     assert bm.num_free_blocks == num_blocks

@@ -64,17 +64,22 @@ def test_scheduler_invariants(arrivals, policy, capacity, chunked, block_size, m
         check_step(sched, bm, out, running_before, policy, max_num_tokens, max_batch_size)
         if chunked and max_chunk:
             assert all(item.num_tokens <= max_chunk for item in out.scheduled), "a chunk exceeded max_chunk_tokens"
-        sampled = [fake_token(item.request) for item in out.scheduled if item.sample]
-        for r in sched.update(out, sampled):
-            if len(r.output_ids) >= r.params.max_tokens:
-                sched.finish(r, RequestStatus.FINISHED_LENGTH)
-        bm.check_integrity()
+        finish_step(sched, bm, out)
         step += 1
         assert step < 5000, "a request never finished"
     assert bm.num_free_blocks == num_blocks
     for i, r in requests.items():
         if i not in cancelled:
             assert r.output_ids == unpreempted_tokens(r), "preemption changed a request's tokens"
+
+
+def finish_step(sched, bm, out) -> None:
+    """Sample every scheduled request whose step yields a token, end those at max_tokens, check the blocks."""
+    sampled = [fake_token(item.request) for item in out.scheduled if item.sample]
+    for r in sched.update(out, sampled):
+        if len(r.output_ids) >= r.params.max_tokens:
+            sched.finish(r, RequestStatus.FINISHED_LENGTH)
+    bm.check_integrity()
 
 
 def check_step(sched, bm, out, running_before, policy, max_num_tokens, max_batch_size):

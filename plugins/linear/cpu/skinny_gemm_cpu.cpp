@@ -22,6 +22,19 @@ extern "C" int sg_pack_f32(const float* w, int64_t K, int64_t N, float* packed) 
   return SG_OK;
 }
 
+namespace {
+
+// Rows [s0, s1) of x in blocks of at most `max_rows`, split as evenly as that allows (32 rows, 6 at most:
+// 6,6,5,5,5,5, not 6,6,6,6,6,2): a block of few rows pays a whole pass over a chunk of the panel for little work.
+struct RowSplit {
+  int64_t blocks, base, extra;
+  RowSplit(int64_t rows, int max_rows)
+      : blocks((rows + max_rows - 1) / max_rows), base(rows / blocks), extra(rows % blocks) {}
+  int rows(int64_t b) const { return (int)(base + (b < extra ? 1 : 0)); }
+};
+
+}  // namespace
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -91,9 +104,8 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
       const float* panel = packed + t * K * SG_TILE;
       for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
         const int64_t kc = K - k0 < kChunk ? K - k0 : kChunk;
-        // Rows split as evenly as blocks of at most kRows allow (32 rows: 6,6,5,5,5,5, not 6,6,6,6,6,2): a
-        // block of few rows pays a whole pass over the chunk for little work.
-        const int64_t blocks = (s1 - s0 + kRows - 1) / kRows, base = (s1 - s0) / blocks, extra = (s1 - s0) % blocks;
+        const RowSplit split(s1 - s0, kRows);
+        const int64_t blocks = split.blocks;
         // While the row blocks run over this chunk, the next chunk of weights (the rest of this panel, or
         // the next tile's: panels are stored back to back) is fetched into L2, a few lines per k row spread
         // over all the blocks, so streaming the weights from memory overlaps the arithmetic. (Issued all in
@@ -105,7 +117,7 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
         const int64_t lines = next_kc * SG_TILE * (int64_t)sizeof(float) / 64;
         const int per_k = (int)((lines + blocks * kc - 1) / (blocks * kc));
         for (int64_t b = 0, m0 = s0; b < blocks; ++b) {
-          const int rows = (int)(base + (b < extra ? 1 : 0));
+          const int rows = split.rows(b);
           const int64_t first_line = b * kc * per_k, left = lines - first_line;
           kRowBlocks[rows](x + m0 * ldx, ldx, panel, k0, kc, N, n0, masks, bias, k0 == 0, y + m0 * N,
                            left > 0 ? next + first_line * 64 : nullptr, per_k, left > 0 ? left : 0);
@@ -181,16 +193,15 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
       const float* panel = packed + t * K * SG_TILE;
-      // Rows split as evenly as blocks of at most kRows allow (see the AVX-512 version).
-      const int64_t blocks = (s1 - s0 + kRows - 1) / kRows, base = (s1 - s0) / blocks, extra = (s1 - s0) % blocks;
+      const RowSplit split(s1 - s0, kRows);
       for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
         const int64_t kc = K - k0 < kChunk ? K - k0 : kChunk;
         for (int part = 0; part < SG_TILE / kPart; ++part) {
           const int64_t c0 = t * SG_TILE + part * kPart;
           if (c0 >= N) break;
           const int width = N - c0 >= kPart ? kPart : (int)(N - c0);
-          for (int64_t b = 0, m0 = s0; b < blocks; ++b) {
-            const int rows = (int)(base + (b < extra ? 1 : 0));
+          for (int64_t b = 0, m0 = s0; b < split.blocks; ++b) {
+            const int rows = split.rows(b);
             kRowBlocks[rows](x + m0 * ldx, ldx, panel + part * kPart, k0, kc, N, c0, width, bias, k0 == 0,
                              y + m0 * N);
             m0 += rows;
