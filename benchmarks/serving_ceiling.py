@@ -1,7 +1,7 @@
 """The serving path's ceiling: how many tokens per second the backend delivers when the model costs nothing.
 
     .venv/bin/python benchmarks/serving_ceiling.py [--checkpoint build/models/tiny-llama] [--streams 32 128 256 512]
-        [--prompt-len 32] [--output-len 256] [--transports inprocess grpc http] [--clients 4]
+        [--prompt-len 32] [--output-len 256] [--transports inprocess inprocess-ids grpc http] [--clients 4]
         [--baseline REV] [--json OUT]
 
 Every run uses `engine: null` (engines/null_runner.py): logits are fixed, so scheduling, sampling, detokenizing,
@@ -9,7 +9,9 @@ building responses and Triton's transport are all that is measured. Each stream 
 prompt tokens forced to --output-len output tokens (min_tokens), all submitted at once.
 
 - inprocess: InflightEngine.step() in a loop, no threads, no server (the engine's own ceiling), with the step's
-  split into schedule / model / sample-and-postprocess.
+  split into schedule / model / sample-and-postprocess; every token detokenized (as for the HTTP clients).
+- inprocess-ids: the same, ids only (no detokenizing: as for the gRPC clients, which read `output_ids` alone).
+  Both run with the garbage collector set as the Triton model sets it (inflight_backend/gc_tuning.py).
 - grpc: a real tritonserver; --clients client processes, each with one gRPC stream carrying its share of the
   requests, reading `output_ids` only.
 - http: the same server; --clients processes, each with one thread per request on /generate_stream (SSE).
@@ -46,6 +48,13 @@ from inflight_backend.config import EngineConfig  # noqa: E402
 from inflight_backend.engine import InflightEngine  # noqa: E402
 from inflight_backend.request import SamplingParams  # noqa: E402
 
+try:
+    from inflight_backend import gc_tuning  # noqa: E402
+except ImportError:  # an older tree (--baseline)
+    gc_tuning = None
+
+IN_PROCESS = ("inprocess", "inprocess-ids")
+
 BLOCK = 16
 
 
@@ -64,10 +73,17 @@ def engine_params(max_streams: int, prompt_len: int, output_len: int) -> dict:
                 default_max_tokens=output_len)
 
 
-def in_process(checkpoint: str, streams: int, prompt_len: int, output_len: int) -> dict:
+def in_process(checkpoint: str, streams: int, prompt_len: int, output_len: int, text: bool = True) -> dict:
+    """`text`: detokenize every token (as for the HTTP clients, which get every output); else ids only (as for the
+    gRPC clients, which ask for `output_ids` alone)."""
     engine = InflightEngine(EngineConfig(checkpoint=checkpoint, **engine_params(streams, prompt_len, output_len)))
+    if gc_tuning is not None:
+        gc_tuning.for_serving()  # as the Triton model does (an older tree under --baseline may not have it)
+    if not text and "detokenize" not in SamplingParams.__dataclass_fields__:
+        raise SystemExit("inprocess-ids needs SamplingParams.detokenize (6f5b731 or later)")
+    ids_only = {} if text else {"detokenize": False}
     for i, ids in enumerate(prompts(streams, prompt_len, engine.runner.vocab_size)):
-        engine.add_request(str(i), ids, SamplingParams(max_tokens=output_len, min_tokens=output_len))
+        engine.add_request(str(i), ids, SamplingParams(max_tokens=output_len, min_tokens=output_len, **ids_only))
     tokens, start, cpu = 0, time.perf_counter(), time.process_time()
     while engine.has_unfinished():
         for out in engine.step():
@@ -217,12 +233,12 @@ def median_rounds(rounds: list[dict]) -> dict:
 
 def _measure_once(args) -> dict:
     results: dict = {"commit": _commit(), "runs": []}
-    if "inprocess" in args.transports:
+    for transport in [t for t in args.transports if t in IN_PROCESS]:
         for n in args.streams:
-            r = in_process(args.checkpoint, n, args.prompt_len, args.output_len)
-            results["runs"].append({"transport": "inprocess", "streams": n, **r})
+            r = in_process(args.checkpoint, n, args.prompt_len, args.output_len, text=transport == "inprocess")
+            results["runs"].append({"transport": transport, "streams": n, **r})
             _progress(results["runs"][-1])
-    remote = [t for t in args.transports if t != "inprocess"]
+    remote = [t for t in args.transports if t not in IN_PROCESS]
     if remote:
         from inflight_backend.repository import model_config, write_repository
         from inflight_backend.server import TritonServer, free_port
@@ -252,8 +268,11 @@ def _vocab(checkpoint: str) -> int:
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        return head + "+" if changed else head  # +: uncommitted changes on top of it
     except (OSError, subprocess.CalledProcessError):
         return "?"
 
@@ -322,8 +341,8 @@ def main(argv=None) -> None:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 32, 128, 256, 512])
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=256)
-    parser.add_argument("--transports", nargs="+", default=["inprocess", "grpc", "http"],
-                        choices=["inprocess", "grpc", "http"])
+    parser.add_argument("--transports", nargs="+", default=["inprocess", "inprocess-ids", "grpc", "http"],
+                        choices=[*IN_PROCESS, "grpc", "http"])
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1, help="rounds; tables show each row's median round")
     parser.add_argument("--engine", default="null", choices=["null", "pytorch"],
@@ -350,12 +369,12 @@ def main(argv=None) -> None:
     print(table(results))
     for r in results:
         for run in r["runs"]:
-            if run["transport"] == "inprocess":
+            if run["transport"] in IN_PROCESS:
                 split = ", ".join(f"{k} {v:.3f}" for k, v in run["split_ms"].items())
-                print(f"{r['commit']} inprocess {run['streams']}: {run['step_ms']:.3f} ms a step ({split} ms)")
+                print(f"{r['commit']} {run['transport']} {run['streams']}: {run['step_ms']:.3f} ms a step ({split} ms)")
             elif run.get("itl_p50_ms") is not None and run["streams"] == 1:
                 print(f"{r['commit']} {run['transport']} 1 stream: inter-token gap p50 {run['itl_p50_ms']:.3f} ms")
-            if run["transport"] != "inprocess" and (run.get("errors") or run["tokens"] != run["expected_tokens"]):
+            if run["transport"] not in IN_PROCESS and (run.get("errors") or run["tokens"] != run["expected_tokens"]):
                 print(f"{r['commit']} {run['transport']} {run['streams']}: {run['tokens']} of "
                       f"{run['expected_tokens']} tokens; errors: {run.get('errors')}")
 

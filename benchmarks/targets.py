@@ -22,6 +22,7 @@ import torch
 
 from benchmarks.records import RequestRecord
 from benchmarks.workload import WorkItem
+from inflight_backend import gc_tuning
 from inflight_backend.batch_loop import BatchLoop
 from inflight_backend.config import EngineConfig
 from inflight_backend.engine import InflightEngine
@@ -72,6 +73,7 @@ def new_records(items: list[WorkItem], arrivals: list[float]) -> list[RequestRec
 class EngineTarget:
     def __init__(self, checkpoint: str, **params) -> None:
         self.engine = InflightEngine(EngineConfig(checkpoint=checkpoint, **params))
+        gc_tuning.for_serving()  # as the Triton model does: both sides of goal 5 run with the same collector
         self.timeline: list[tuple] = []
 
     def run(self, items, arrivals, concurrency=None):

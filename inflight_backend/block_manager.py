@@ -71,21 +71,21 @@ class BlockManager:
         """Blocks still to take so that `req_id` can hold `num_tokens` tokens."""
         return max(0, blocks_for(num_tokens, self.block_size) - len(self.block_table(req_id)))
 
-    def allocate(self, req_id: str, num_tokens: int) -> bool:
-        """Grow `req_id`'s table to hold `num_tokens` tokens. False (and no change) if the pool is short."""
+    def allocate(self, req_id: str, num_tokens: int) -> list[int] | None:
+        """Grow `req_id`'s table to hold `num_tokens` tokens and return it (the live list: callers only read it).
+        None (and no change) if the pool is short."""
         table = self._tables.get(req_id)
         if table is not None and num_tokens <= len(table) * self.block_size:
-            return True  # most decode steps: the last block has room
+            return table  # most decode steps: the last block has room
         missing = self.num_missing_blocks(req_id, num_tokens)
         if missing > self.num_free_blocks:
-            return False
-        if missing:
-            table = self._tables.setdefault(req_id, [])
-            for _ in range(missing):
-                block = self._free.popleft() if self._free else self._evict()
-                self._refs[block] = 1
-                table.append(block)
-        return True
+            return None
+        table = self._tables.setdefault(req_id, []) if missing else self.block_table(req_id)
+        for _ in range(missing):
+            block = self._free.popleft() if self._free else self._evict()
+            self._refs[block] = 1
+            table.append(block)
+        return table
 
     def lookup(self, token_ids: list[int], max_blocks: int) -> list[int]:
         """The blocks holding the longest cached prefix of `token_ids`, in whole blocks, at most `max_blocks`."""

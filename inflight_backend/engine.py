@@ -89,6 +89,7 @@ class InflightEngine:
         self._context_logits: dict[str, list] = {}  # return_context_logits: the prompt's rows so far
         self._unsent: dict[str, int] = {}  # requests that cut stop strings: how much of their text went out
         self._hold: dict[str, int] = {}  # and how many characters they hold back (the longest stop string's, -1)
+        self._num_raw_logits = 0  # open requests that need their rows' logits before the rules change them
         self._seeds = itertools.count(config.seed * 1_000_003)
 
     @property
@@ -174,6 +175,7 @@ class InflightEngine:
         if arrival_time is not None:
             request.arrival_time = arrival_time
         self._requests[req_id] = request
+        self._num_raw_logits += params.needs_raw_logits
         self._detokenizers[req_id] = (
             IncrementalDetokenizer(self.tokenizer, self._special_ids, prompt_ids, self._byte_ids)
             if params.detokenize or params.stop_words else NoText())
@@ -208,16 +210,24 @@ class InflightEngine:
             if logits.shape[0] > len(sampled):
                 self._collect_context_logits(sched, logits[len(sampled):])
                 logits = logits[:len(sampled)]
-            raw = {row: logits[row].float().clone() for row, r in enumerate(sampled) if r.params.needs_raw_logits}
+            params = [r.params for r in sampled]
+            raw = {row: logits[row].float().clone() for row, p in enumerate(params) if p.needs_raw_logits} \
+                if self._num_raw_logits else None
             apply_logit_rules(logits, sampled, self.eos_ids)
-            token_ids, failed = self.sampler.sample(logits, [r.req_id for r in sampled], [r.params for r in sampled])
+            token_ids, failed = self.sampler.sample(logits, [r.req_id for r in sampled], params)
             now = time.monotonic()
             bad = {sampled[row].req_id: why for row, why in failed.items()} if failed else None
-            infos = {sampled[row].req_id: token_info(values, token_ids[row], sampled[row].params)
+            infos = {sampled[row].req_id: token_info(values, token_ids[row], params[row])
                      for row, values in raw.items() if bad is None or row not in failed} if raw else None
+            advance = self._advance if infos is None and not self._context_logits else self._postprocess
             for request in self.scheduler.update(sched, token_ids):
-                outputs.append(self._postprocess(request, now, infos) if bad is None or request.req_id not in bad
-                               else self._fail_sampled(request, bad[request.req_id]))
+                if bad is not None and request.req_id in bad:
+                    outputs.append(self._fail_sampled(request, bad[request.req_id]))
+                    continue
+                try:
+                    outputs.append(advance(request, now, infos))
+                except Exception as exc:  # a failure here ends this request alone
+                    outputs.append(self.fail(request, f"processing the output failed: {type(exc).__name__}: {exc}"))
         self.stats.record(sched, self.scheduler, (start, scheduled, modelled, time.perf_counter()))
         return outputs
 
@@ -237,14 +247,12 @@ class InflightEngine:
         return self.fail(request, message)
 
     def _postprocess(self, request: Request, now: float, infos: dict[str, TokenInfo] | None) -> RequestOutput:
-        """The new token's text and whether the request ends; a failure here ends this request alone."""
+        """_advance, plus what the request asked to know about the token: its log-probabilities or logits, and
+        (with the first token) the prompt's logits."""
         context = None
         if request.req_id in self._context_logits and request.num_context_logits == request.num_prompt_tokens:
             context = self._context_logits.pop(request.req_id)  # the prompt's logits, complete: they go now
-        try:
-            output = self._advance(request, now)
-        except Exception as exc:
-            return self.fail(request, f"processing the output failed: {type(exc).__name__}: {exc}")
+        output = self._advance(request, now)
         if infos is not None:
             output.token_info = infos.get(request.req_id)
         if context is not None:
@@ -262,7 +270,8 @@ class InflightEngine:
                 item.request.num_context_logits = positions.stop
                 at += len(positions)
 
-    def _advance(self, request: Request, now: float) -> RequestOutput:
+    def _advance(self, request: Request, now: float, infos=None) -> RequestOutput:
+        """The new token's text and whether the request ends (`infos`: unused, as _postprocess's signature)."""
         if request.first_token_time is None:
             request.first_token_time = now
         request.last_token_time = now
@@ -316,6 +325,7 @@ class InflightEngine:
         self.scheduler.finish(request, status)
         self.sampler.forget(request.req_id)
         del self._requests[request.req_id]
+        self._num_raw_logits -= request.params.needs_raw_logits
         detokenizer = self._detokenizers.pop(request.req_id)
         self._hold.pop(request.req_id, None)
         self._context_logits.pop(request.req_id, None)

@@ -19,9 +19,11 @@ from dataclasses import replace
 from functools import partial
 from typing import Callable
 
+import numpy as np
+
 import triton_python_backend_utils as pb_utils
 
-from inflight_backend import calls, declared_io, protocol, responses, trtllm_layout, vllm_protocol
+from inflight_backend import calls, declared_io, gc_tuning, protocol, responses, trtllm_layout, vllm_protocol
 from inflight_backend.batch_loop import BatchLoop
 from inflight_backend.calls import Call, Sequence
 from inflight_backend.cancel_watcher import CancelWatcher
@@ -74,7 +76,9 @@ class TritonPythonModel:
         self._rejected: Counter[str] = Counter()  # by reason, since the last publish (execute's thread adds)
         self._stop_signal = StopSignal.from_environment()
         self._stopping: str | None = None  # once set: the message every open and new request ends with
-        self.loop = BatchLoop(InflightEngine(self.config), self._emit, on_idle=self._on_idle)
+        engine = InflightEngine(self.config)
+        gc_tuning.for_serving()  # what exists now lives as long as the stub
+        self.loop = BatchLoop(engine, self._emit, on_idle=self._on_idle)
         self.limits = self.loop.prompt_limits()
         self._watcher = CancelWatcher(self._open_senders, self._cancel_call, self._check_stop,
                                       self.config.cancel_check_interval_ms / 1000.0)
@@ -138,8 +142,8 @@ class TritonPythonModel:
         """Every row of the request, parsed and validated (one bad row fails the whole request)."""
         if self._stopping is not None:
             raise ServerStopping(self._stopping)
-        sampling = _sampling_parameters(request)
-        get = partial(_input, request)
+        get = _inputs(request)
+        sampling = _sampling_parameters(get, request)
         getters = trtllm_layout.split_rows(get) if self.batched else [get]
         rows = [protocol.parse_request(g, self.loop.encode, self.config.default_max_tokens, self.limits, sampling,
                                        self.loop.encode_word, self.batched, self.loop.encode_chat) for g in getters]
@@ -293,14 +297,20 @@ class TritonPythonModel:
                       file=sys.stderr, flush=True)
 
 
-def _input(request, name):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
+def _inputs(request) -> Callable[[str], np.ndarray | None]:
+    """The request's inputs by name, as arrays (None: not sent). Indexed once: the parser asks for every name it
+    knows or refuses, and each `request.inputs()` builds the whole list again."""
+    tensors = {tensor.name(): tensor for tensor in request.inputs()}
+
+    def get(name: str) -> np.ndarray | None:
+        tensor = tensors.get(name)
+        return None if tensor is None else tensor.as_numpy()
+    return get
 
 
-def _sampling_parameters(request) -> dict:
+def _sampling_parameters(get, request) -> dict:
     """vLLM sampling parameters: the `sampling_parameters` input, else the request's parameters."""
-    tensor = _input(request, "sampling_parameters")
+    tensor = get("sampling_parameters")
     if tensor is not None and tensor.size != 1:
         raise RequestError(f"input 'sampling_parameters' must hold one JSON string, got shape {list(tensor.shape)}")
     raw = None if tensor is None else tensor.reshape(-1)[0]

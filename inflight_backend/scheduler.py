@@ -121,38 +121,74 @@ class Scheduler:
         """Advance computed tokens and append sampled ones (in `output` order). Returns requests with a new token."""
         sampled = iter(sampled_ids)
         advanced = []
+        commit = self.blocks.commit if self.blocks.enable_reuse else None  # (only reuse files blocks)
+        size = self.blocks.block_size
         for item in output.scheduled:
-            item.request.num_computed_tokens += item.num_tokens
-            self.blocks.commit(item.request.req_id, item.request.token_ids, item.request.num_computed_tokens)
+            request = item.request
+            before = request.num_computed_tokens
+            request.num_computed_tokens = computed = before + item.num_tokens
+            if commit is not None and computed // size != before // size:  # a block was filled: file it
+                commit(request.req_id, request.token_ids, computed)
             if item.sample:
-                item.request.output_ids.append(next(sampled))
-                advanced.append(item.request)
+                request.output_ids.append(next(sampled))
+                advanced.append(request)
         return advanced
 
     def _schedule_running(self, out: SchedulerOutput, decodes: bool, then_others: bool = False) -> None:
         """The running requests of one kind (decodes, or prompts and recomputations), in order; with
         `then_others`, the other kind after them. Each request is one kind for the whole step."""
-        first, others = [], []
-        for request in self.running:
-            (first if is_decode(request) == decodes else others).append(request)
-        self._schedule_kind(out, first, decodes)
+        decoding, others = [], []
+        for request in self.running:  # is_decode(), inlined: this loop runs for every sequence every step
+            if request.output_ids and \
+                    len(request.prompt_ids) + len(request.output_ids) - request.num_computed_tokens == 1:
+                decoding.append(request)
+            else:
+                others.append(request)
+        if decodes:
+            self._schedule_decodes(out, decoding)
+        else:
+            self._schedule_prompts(out, others)
         if then_others:
-            self._schedule_kind(out, others, not decodes)
+            if decodes:
+                self._schedule_prompts(out, others)
+            else:
+                self._schedule_decodes(out, decoding)
 
-    def _schedule_kind(self, out: SchedulerOutput, requests: list[Request], decodes: bool) -> None:
+    def _schedule_decodes(self, out: SchedulerOutput, requests: list[Request]) -> None:
+        """One token each; a table grows only when its last block is full (the common case costs one lookup)."""
+        running, allocate, scheduled = RequestStatus.RUNNING, self.blocks.allocate, out.scheduled
+        count = 0
+        for request in requests:
+            if self._budget == count:
+                break
+            if request.status != running:
+                continue  # preempted earlier in this step
+            end = request.num_computed_tokens + 1
+            table = allocate(request.req_id, end)
+            if table is None:
+                self._budget -= count  # (_allocate's preemptions give budget back: keep the count exact)
+                out.num_decode_tokens += count
+                count = 0
+                table = self._allocate(out, request, end)
+                if table is None:
+                    continue
+            scheduled.append(ScheduledRequest(request, 1, True, table, True))
+            count += 1
+        self._budget -= count
+        out.num_decode_tokens += count
+
+    def _schedule_prompts(self, out: SchedulerOutput, requests: list[Request]) -> None:
         running = RequestStatus.RUNNING
         for request in requests:
             if self._budget == 0:
                 return
             if request.status != running:
                 continue  # preempted earlier in this step
-            if decodes:
-                self._schedule(out, request, 1, True)
-            else:
-                limit = min(self._budget, self.config.chunk_limit)
-                self._schedule(out, request, min(request.num_uncomputed_tokens, limit), False)
+            limit = min(self._budget, self.config.chunk_limit)
+            self._schedule(out, request, min(request.num_uncomputed_tokens, limit), False)
 
     def _admit(self, out: SchedulerOutput) -> None:
+        reserved = None  # guaranteed_no_evict: blocks the running requests may still take (summed once a step)
         while self.waiting and self._budget > 0 and len(self.running) < self.config.max_batch_size:
             request = self._next_waiting()
             if request is None:
@@ -165,7 +201,9 @@ class Scheduler:
                 if not (self.config.enable_chunked_prefill or request.num_preemptions):
                     return
                 num_tokens = limit
-            if not self._fits(request, reused):
+            if reserved is None and self.config.capacity_policy != "max_utilization":
+                reserved = sum(self.blocks.num_missing_blocks(r.req_id, r.max_total_tokens) for r in self.running)
+            if not self._fits(request, reused, reserved):
                 return  # head-of-line: the next request waits its turn rather than overtaking
             if reused:
                 self.blocks.take(request.req_id, reused)
@@ -176,6 +214,8 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._schedule(out, request, num_tokens, is_decode(request))
+            if reserved is not None:
+                reserved += self.blocks.num_missing_blocks(request.req_id, request.max_total_tokens)
 
     def _next_waiting(self) -> Request | None:
         """Preempted requests first, then the highest priority (aged, so nobody starves), then arrival order.
@@ -227,23 +267,24 @@ class Scheduler:
             blocks = found if len(found) > len(blocks) else blocks
         return blocks[:limit]
 
-    def _fits(self, request: Request, reused: list[int] = ()) -> bool:
+    def _fits(self, request: Request, reused: list[int], reserved: int | None) -> bool:
+        """Whether `request` can be admitted; `reserved` (guaranteed_no_evict): the blocks the running requests
+        may still take."""
         # Reused blocks cost nothing new, but those only the cache keeps stop being free once taken.
         free = self.blocks.num_free_blocks - (len(reused) - self.blocks.num_held_elsewhere(reused))
         if self.config.capacity_policy == "max_utilization":
             # Current need: every token known so far, not just this step's chunk (admitting on the chunk alone
             # lets a long prompt be admitted, preempted for its next chunk, readmitted... without end).
             return self.blocks.num_missing_blocks(request.req_id, request.num_tokens) - len(reused) <= free
-        reserved = sum(self.blocks.num_missing_blocks(r.req_id, r.max_total_tokens) for r in self.running)
         needed = blocks_for(request.max_total_tokens, self.blocks.block_size) - len(reused)
         return needed + reserved <= free
 
     def _schedule(self, out: SchedulerOutput, request: Request, num_tokens: int, decode: bool) -> None:
         end = request.num_computed_tokens + num_tokens
-        if not self._allocate(out, request, end):
+        table = self._allocate(out, request, end)
+        if table is None:
             return
-        out.scheduled.append(ScheduledRequest(request, num_tokens, decode or end == request.num_tokens,
-                                              self.blocks.block_table(request.req_id), decode))
+        out.scheduled.append(ScheduledRequest(request, num_tokens, decode or end == request.num_tokens, table, decode))
         if decode:
             out.num_decode_tokens += num_tokens
         else:
@@ -252,17 +293,17 @@ class Scheduler:
         if request.first_scheduled_time is None:
             request.first_scheduled_time = time.monotonic()
 
-    def _allocate(self, out: SchedulerOutput, request: Request, num_tokens: int) -> bool:
+    def _allocate(self, out: SchedulerOutput, request: Request, num_tokens: int) -> list[int] | None:
         """Blocks for `num_tokens`; under max_utilization, preempt the newest running requests until they fit.
-        False if `request` itself had to be preempted."""
-        while not self.blocks.allocate(request.req_id, num_tokens):
+        Returns the request's block table; None if `request` itself had to be preempted."""
+        while (table := self.blocks.allocate(request.req_id, num_tokens)) is None:
             if self.config.capacity_policy != "max_utilization":
                 raise RuntimeError("KV reservation violated: a running request could not get its blocks")
             victim = self.running[-1]
             self._preempt(out, victim)
             if victim is request:
-                return False
-        return True
+                return None
+        return table
 
     def _preempt(self, out: SchedulerOutput, victim: Request) -> None:
         """Free the victim's blocks and requeue it to recompute its KV later; its tokens so far are kept."""
