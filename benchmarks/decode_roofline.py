@@ -2,17 +2,24 @@
 
     .venv/bin/python benchmarks/decode_roofline.py --checkpoint build/models/bench-medium [--batches 1 2 4 8 16 32]
                                                    [--dtype float32|bfloat16] [--linear-backend auto|native|torch]
-                                                   [--steps 30] [--repeat 3]
+                                                   [--steps 30] [--repeat 3] [--profile]
 
 Every decode step reads every weight except the embedding table (gathered, not streamed) and does 2 FLOPs per
 weight per sequence. The floor of a step is the larger of: those bytes over the read bandwidth measured here
 (a reduction over a tensor of the same size), and those FLOPs over the GEMM peak measured here (a 2048^3 matmul
 in the same dtype). Steps are timed in-process (engine.step(): schedule + model + sample) with every
 sequence at a 64-token prompt; each figure is the best of --repeat runs of --steps steps.
+
+--profile: then, at the largest batch, where a decode step's time goes: torch.profiler over --steps steps, each
+operator's share (our native kernels appear as their custom ops), and the step's time outside any operator
+(Python: scheduling, sampling, the runner's inputs).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import gc
 import random
 import sys
 import time
@@ -57,6 +64,64 @@ def step_time(engine: InflightEngine, batch: int, steps: int, repeat: int, tag: 
     return best
 
 
+def profile(engine: InflightEngine, batch: int, steps: int, top: int = 14) -> str:
+    """A markdown table: the operators taking the most of `steps` decode steps at `batch`, per step."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    rng = random.Random(batch)
+    total = steps + 8
+    for i in range(batch):
+        engine.add_request(f"p-{i}", [rng.randrange(3, engine.runner.vocab_size) for _ in range(64)],
+                           SamplingParams(max_tokens=total, min_tokens=total))
+    for _ in range(6):
+        engine.step()
+    with _native_kernels_labelled(), torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        wall = (time.perf_counter() - start) / steps
+    while engine.has_unfinished():
+        engine.step()
+    events = list(prof.key_averages())
+    # self time: each operator's own time, children excluded, so the rows add up to the time inside operators
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    inside = sum(e.self_cpu_time_total for e in events) / 1e6 / steps
+    lines = [f"batch {batch}: {wall * 1e3:.2f} ms a step (profiled), {inside * 1e3:.2f} ms inside operators",
+             "| operator | calls a step | ms a step | share of the step |", "|---|---:|---:|---:|"]
+    for e in events[:top]:
+        ms = e.self_cpu_time_total / 1e3 / steps
+        lines.append(f"| {e.key} | {e.count / steps:.0f} | {ms:.2f} | {ms / (wall * 1e3):.1%} |")
+    lines.append(f"| (outside operators: Python) | | {(wall - inside) * 1e3:.2f} | {(wall - inside) / wall:.1%} |")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _native_kernels_labelled():
+    """Our kernels are ctypes calls, which the profiler does not see: while profiling, each C function the process
+    has called through a ctypes library (paged attention, skinny GEMM, fused ops) runs inside a record_function
+    of its name."""
+    from torch.profiler import record_function
+
+    def labelled(fn, name):
+        def call(*args):
+            with record_function(name):
+                return fn(*args)
+        return call
+
+    patched = []
+    for lib in [o for o in gc.get_objects() if isinstance(o, ctypes.CDLL)]:
+        for name, fn in list(vars(lib).items()):
+            if isinstance(fn, ctypes._CFuncPtr):
+                setattr(lib, name, labelled(fn, name))
+                patched.append((lib, name, fn))
+    try:
+        yield
+    finally:
+        for lib, name, fn in patched:
+            setattr(lib, name, fn)
+
+
 def _timed(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -71,6 +136,7 @@ def main(argv=None) -> None:
     parser.add_argument("--linear-backend", default="auto", choices=["auto", "native", "torch"])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="then break a step at the largest batch down")
     args = parser.parse_args(argv)
     engine = InflightEngine(EngineConfig(checkpoint=args.checkpoint, dtype=args.dtype, max_batch_size=max(args.batches),
                                          max_num_tokens=max(2048, 64 * max(args.batches)),
@@ -88,6 +154,8 @@ def main(argv=None) -> None:
         memory, compute = weights / bandwidth, 2 * params * batch / peak
         print(f"| {batch} | {t * 1e3:.2f} | {batch / t:.0f} | {memory * 1e3:.2f} | {compute * 1e3:.2f} | "
               f"{t / max(memory, compute):.2f} | {2 * params * batch / t / 1e9:.0f} |", flush=True)
+    if args.profile:
+        print(profile(engine, max(args.batches), args.steps))
 
 
 if __name__ == "__main__":
