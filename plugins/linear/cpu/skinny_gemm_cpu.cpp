@@ -144,11 +144,13 @@ constexpr int64_t kSlab = 96;
 constexpr int64_t kChunk = 64;  // 64 x SG_TILE floats = 16 KB of the panel
 
 // Columns [c0, c0 + width) (width <= kPart) of rows [0, R) of y, over the panel's k rows [k0, k0 + kc); `panel`
-// points at this part's first column. First chunk: start from bias or zero; else from y. Partial parts (the
-// last tile's) load and store through lane masks, so the accumulators never leave the registers.
-template <int R>
+// points at this part's first column. First chunk: start from bias or zero; else from y. A partial part (the
+// last tile's, Full false) loads and stores through lane masks, so the accumulators never leave the registers;
+// full parts use plain loads and stores (a masked store is microcoded on AMD's cores: ~6x slower steps).
+template <int R, bool Full>
 void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t kc, int64_t N, int64_t c0,
-               int width, const float* bias, bool first, float* y) {
+               int width, const float* bias, bool first, float* y, const char* prefetch, int per_k,
+               int64_t prefetch_lines) {
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(width), lanes);
   const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(width - 8), lanes);
@@ -156,12 +158,23 @@ void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int6
 #pragma GCC unroll 6
   for (int i = 0; i < R; ++i) {
     const float* src = first ? bias : y + i * N;
-    acc[i][0] = src ? _mm256_maskload_ps(src + c0, m0) : _mm256_setzero_ps();
-    acc[i][1] = src ? _mm256_maskload_ps(src + c0 + 8, m1) : _mm256_setzero_ps();
+    if (!src) {
+      acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    } else if (Full) {
+      acc[i][0] = _mm256_loadu_ps(src + c0);
+      acc[i][1] = _mm256_loadu_ps(src + c0 + 8);
+    } else {
+      acc[i][0] = _mm256_maskload_ps(src + c0, m0);
+      acc[i][1] = _mm256_maskload_ps(src + c0 + 8, m1);
+    }
   }
   panel += k0 * SG_TILE;
   x += k0;
   for (int64_t k = 0; k < kc; ++k, panel += SG_TILE) {
+    if (k * per_k < prefetch_lines) {
+      const char* line = prefetch + k * per_k * 64;
+      for (int j = 0; j < per_k; ++j) _mm_prefetch(line + 64 * j, _MM_HINT_T1);
+    }
     const __m256 w0 = _mm256_loadu_ps(panel), w1 = _mm256_loadu_ps(panel + 8);
 #pragma GCC unroll 6
     for (int i = 0; i < R; ++i) {
@@ -172,15 +185,23 @@ void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int6
   }
 #pragma GCC unroll 6
   for (int i = 0; i < R; ++i) {
-    _mm256_maskstore_ps(y + i * N + c0, m0, acc[i][0]);
-    _mm256_maskstore_ps(y + i * N + c0 + 8, m1, acc[i][1]);
+    if (Full) {
+      _mm256_storeu_ps(y + i * N + c0, acc[i][0]);
+      _mm256_storeu_ps(y + i * N + c0 + 8, acc[i][1]);
+    } else {
+      _mm256_maskstore_ps(y + i * N + c0, m0, acc[i][0]);
+      _mm256_maskstore_ps(y + i * N + c0 + 8, m1, acc[i][1]);
+    }
   }
 }
 
 using RowBlockFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, int,
-                            const float*, bool, float*);
-constexpr RowBlockFn kRowBlocks[kRows + 1] = {nullptr, row_block<1>, row_block<2>, row_block<3>,
-                                              row_block<4>, row_block<5>, row_block<6>};
+                            const float*, bool, float*, const char*, int, int64_t);
+constexpr RowBlockFn kRowBlocks[2][kRows + 1] = {
+    {nullptr, row_block<1, false>, row_block<2, false>, row_block<3, false>, row_block<4, false>,
+     row_block<5, false>, row_block<6, false>},
+    {nullptr, row_block<1, true>, row_block<2, true>, row_block<3, true>, row_block<4, true>, row_block<5, true>,
+     row_block<6, true>}};
 
 }  // namespace
 
@@ -196,14 +217,26 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
       const RowSplit split(s1 - s0, kRows);
       for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
         const int64_t kc = K - k0 < kChunk ? K - k0 : kChunk;
+        // As the AVX-512 walk: the next chunk of weights is fetched into L2 while this one is used, a few lines
+        // per k row spread over every (part, row block) pass.
+        const char* next = reinterpret_cast<const char*>(panel + (k0 + kc) * SG_TILE);
+        const int64_t next_kc = k0 + kc < K ? (K - k0 - kc < kChunk ? K - k0 - kc : kChunk)
+                                : t + 1 < tiles ? (K < kChunk ? K : kChunk) : 0;
+        const int64_t lines = next_kc * SG_TILE * (int64_t)sizeof(float) / 64;
+        const int64_t passes = SG_TILE / kPart * split.blocks;
+        const int per_k = (int)((lines + passes * kc - 1) / (passes * kc));
+        int64_t issued = 0;
         for (int part = 0; part < SG_TILE / kPart; ++part) {
           const int64_t c0 = t * SG_TILE + part * kPart;
           if (c0 >= N) break;
           const int width = N - c0 >= kPart ? kPart : (int)(N - c0);
           for (int64_t b = 0, m0 = s0; b < split.blocks; ++b) {
             const int rows = split.rows(b);
-            kRowBlocks[rows](x + m0 * ldx, ldx, panel + part * kPart, k0, kc, N, c0, width, bias, k0 == 0,
-                             y + m0 * N);
+            const int64_t left = lines - issued;
+            kRowBlocks[width == kPart][rows](x + m0 * ldx, ldx, panel + part * kPart, k0, kc, N, c0, width, bias,
+                                             k0 == 0, y + m0 * N, left > 0 ? next + issued * 64 : nullptr, per_k,
+                                             left > 0 ? left : 0);
+            issued += kc * per_k;
             m0 += rows;
           }
         }

@@ -97,7 +97,7 @@ struct Seq {  // one sequence's view of the cache for one KV head
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
-constexpr bool kHaveDots16 = true;
+constexpr bool kHaveDots = true;
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on the intrinsics' own undefined passthroughs
 
@@ -120,7 +120,7 @@ inline __m512 sum16(__m512* a) {
 // scores[g * kChunk + i] = q[g] . k_i for the n keys of a chunk, 16 keys per pass: each key's products are
 // summed across its D / 16 vectors in registers, then the 16 keys' vectors reduced together (sum16).
 // D is a multiple of 16; keys past n (a partial last pass) are not read.
-PA_WIDE void dots16(const float* q, const float* const* krows, int n, int rows, int D, float* scores) {
+PA_WIDE void dots(const float* q, const float* const* krows, int n, int rows, int D, float* scores) {
   for (int i0 = 0; i0 < n; i0 += 16) {
     const int m = std::min(16, n - i0);
     for (int g = 0; g < rows; ++g) {
@@ -137,9 +137,39 @@ PA_WIDE void dots16(const float* q, const float* const* krows, int n, int rows, 
   }
 }
 #pragma GCC diagnostic pop
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+constexpr bool kHaveDots = true;
+
+// out[j] = sum of the 8 lanes of a[j], j < 8: pairwise horizontal adds, then the two 128-bit halves.
+inline __m256 sum8(const __m256* a) {
+  const __m256 c0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));  // a0..a3, per half
+  const __m256 c1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));  // a4..a7, per half
+  return _mm256_add_ps(_mm256_permute2f128_ps(c0, c1, 0x20), _mm256_permute2f128_ps(c0, c1, 0x31));
+}
+
+// As the AVX-512 dots (D a multiple of 16), 8 keys per pass with 8-wide vectors; the last n % 8 keys through
+// dot(). Full passes only, so the accumulators stay in registers.
+inline void dots(const float* q, const float* const* krows, int n, int rows, int D, float* scores) {
+  int i0 = 0;
+  for (; i0 + 8 <= n; i0 += 8) {
+    for (int g = 0; g < rows; ++g) {
+      const float* qg = q + g * D;
+      __m256 acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+      for (int d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qg + d);
+        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(krows[i0 + j] + d), acc[j]);
+      }
+      _mm256_storeu_ps(scores + g * kChunk + i0, sum8(acc));
+    }
+  }
+  for (int i = i0; i < n; ++i)
+    for (int g = 0; g < rows; ++g) scores[g * kChunk + i] = dot(q + g * D, krows[i], D);
+}
 #else
-constexpr bool kHaveDots16 = false;
-inline void dots16(const float*, const float* const*, int, int, int, float*) {}
+constexpr bool kHaveDots = false;
+inline void dots(const float*, const float* const*, int, int, int, float*) {}
 #endif
 
 // acc[g] += sum_i scores[g][i] * v_i, head by head so one head's accumulator stays in registers.
@@ -273,8 +303,8 @@ void attend(const pa_params& p, int rows, int group_size, const Seq<T>& k, const
       if (n < kChunk)
         for (int d = 0; d < D; ++d) std::fill(kt + d * kChunk + n, kt + (d + 1) * kChunk, 0.f);
       score_tile(q, kt, group, D, scores);
-    } else if (kHaveDots16 && std::is_same<T, float>::value && D % 16 == 0) {
-      dots16(q, reinterpret_cast<const float* const*>(krows), n, group, D, scores);
+    } else if (kHaveDots && std::is_same<T, float>::value && D % 16 == 0) {
+      dots(q, reinterpret_cast<const float* const*>(krows), n, group, D, scores);
     } else {
       for (int i = 0; i < n; ++i) {
         const float* krow = as_floats(krows[i], buf, D);
