@@ -146,7 +146,8 @@ constexpr int64_t kChunk = 64;  // 64 x SG_TILE floats = 16 KB of the panel
 // Columns [c0, c0 + width) (width <= kPart) of rows [0, R) of y, over the panel's k rows [k0, k0 + kc); `panel`
 // points at this part's first column. First chunk: start from bias or zero; else from y. A partial part (the
 // last tile's, Full false) loads and stores through lane masks, so the accumulators never leave the registers;
-// full parts use plain loads and stores (a masked store is microcoded on AMD's cores: ~6x slower steps).
+// full parts use plain loads and stores (a masked store is microcoded on AMD's Zen cores: with masks on every
+// part, a 1024 x 1024 layer at 32 rows took 0.72 ms, against 0.42 ms).
 template <int R, bool Full>
 void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t kc, int64_t N, int64_t c0,
                int width, const float* bias, bool first, float* y, const char* prefetch, int per_k,
