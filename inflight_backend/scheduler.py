@@ -48,13 +48,21 @@ class ScheduledRequest:
 @dataclass(slots=True)
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
     preempted: list[Request] = field(default_factory=list)
 
+    # Derived, never stored: a preemption that drops a scheduled item cannot leave them stale.
     @property
     def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
+        return sum(item.num_tokens for item in self.scheduled)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(1 for item in self.scheduled if item.is_decode)  # one token each
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Prompt (and recomputed) tokens."""
+        return sum(item.num_tokens for item in self.scheduled if not item.is_decode)
 
     @property
     def is_empty(self) -> bool:
@@ -167,7 +175,6 @@ class Scheduler:
             table = allocate(request.req_id, end)
             if table is None:
                 self._budget -= count  # (_allocate's preemptions give budget back: keep the count exact)
-                out.num_decode_tokens += count
                 count = 0
                 table = self._allocate(out, request, end)
                 if table is None:
@@ -175,7 +182,6 @@ class Scheduler:
             scheduled.append(ScheduledRequest(request, 1, True, table, True))
             count += 1
         self._budget -= count
-        out.num_decode_tokens += count
 
     def _schedule_prompts(self, out: SchedulerOutput, requests: list[Request]) -> None:
         running = RequestStatus.RUNNING
@@ -285,10 +291,6 @@ class Scheduler:
         if table is None:
             return
         out.scheduled.append(ScheduledRequest(request, num_tokens, decode or end == request.num_tokens, table, decode))
-        if decode:
-            out.num_decode_tokens += num_tokens
-        else:
-            out.num_prefill_tokens += num_tokens
         self._budget -= num_tokens
         if request.first_scheduled_time is None:
             request.first_scheduled_time = time.monotonic()
@@ -311,10 +313,6 @@ class Scheduler:
             if item.request is victim:
                 del out.scheduled[i]
                 self._budget += item.num_tokens
-                if item.is_decode:
-                    out.num_decode_tokens -= item.num_tokens
-                else:
-                    out.num_prefill_tokens -= item.num_tokens
                 break
         self.running.remove(victim)
         self.blocks.free(victim.req_id)

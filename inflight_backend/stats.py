@@ -36,13 +36,14 @@ class EngineStats:
         self.schedule_seconds += scheduled - start
         self.model_seconds += modelled - scheduled
         self.sample_seconds += sampled - modelled
-        self.last_step_prefill_tokens = sched.num_prefill_tokens
-        self.last_step_decode_tokens = sched.num_decode_tokens
+        decodes = sched.num_decode_tokens
+        self.last_step_prefill_tokens = sched.num_tokens - decodes
+        self.last_step_decode_tokens = decodes
         self.last_step_num_seqs = len(sched.scheduled)
         self.record_queues(scheduler)
         if not sched.is_empty:
             self.num_steps += 1
-            self.num_prompt_tokens += sched.num_prefill_tokens
+            self.num_prompt_tokens += self.last_step_prefill_tokens
             self.num_generated_tokens += sum(item.sample for item in sched.scheduled)
             self.kv_tokens_used_sum += sum(r.num_computed_tokens for r in scheduler.running)
 
