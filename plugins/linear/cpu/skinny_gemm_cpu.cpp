@@ -33,6 +33,20 @@ struct RowSplit {
   int rows(int64_t b) const { return (int)(base + (b < extra ? 1 : 0)); }
 };
 
+// The weights a walk reads after rows [k0, k0 + kc) of tile t's panel: the panel's next chunk of `chunk` rows,
+// or the next tile's first (panels are stored back to back); where it starts and its size in cache lines (0 after
+// the last tile). Both walks prefetch it into L2 while they use the current chunk.
+struct NextChunk {
+  const char* start;
+  int64_t lines;
+  NextChunk(const float* panel, int64_t k0, int64_t kc, int64_t K, int64_t t, int64_t tiles, int64_t chunk)
+      : start(reinterpret_cast<const char*>(panel + (k0 + kc) * SG_TILE)) {
+    const int64_t rows = k0 + kc < K ? (K - k0 - kc < chunk ? K - k0 - kc : chunk)
+                         : t + 1 < tiles ? (K < chunk ? K : chunk) : 0;
+    lines = rows * SG_TILE * (int64_t)sizeof(float) / 64;
+  }
+};
+
 }  // namespace
 
 #if defined(__AVX512F__)
@@ -111,16 +125,14 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
         // over all the blocks, so streaming the weights from memory overlaps the arithmetic. (Issued all in
         // the first block, the prefetches held the line fill buffers that block's own loads needed: 1.2-1.3x
         // slower decode steps at batch 4-32.)
-        const char* next = reinterpret_cast<const char*>(panel + (k0 + kc) * SG_TILE);
-        const int64_t next_kc = k0 + kc < K ? (K - k0 - kc < kChunk ? K - k0 - kc : kChunk)
-                                : t + 1 < tiles ? (K < kChunk ? K : kChunk) : 0;
-        const int64_t lines = next_kc * SG_TILE * (int64_t)sizeof(float) / 64;
+        const NextChunk next(panel, k0, kc, K, t, tiles, kChunk);
+        const int64_t lines = next.lines;
         const int per_k = (int)((lines + blocks * kc - 1) / (blocks * kc));
         for (int64_t b = 0, m0 = s0; b < blocks; ++b) {
           const int rows = split.rows(b);
           const int64_t first_line = b * kc * per_k, left = lines - first_line;
           kRowBlocks[rows](x + m0 * ldx, ldx, panel, k0, kc, N, n0, masks, bias, k0 == 0, y + m0 * N,
-                           left > 0 ? next + first_line * 64 : nullptr, per_k, left > 0 ? left : 0);
+                           left > 0 ? next.start + first_line * 64 : nullptr, per_k, left > 0 ? left : 0);
           m0 += rows;
         }
       }
@@ -220,10 +232,8 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
         const int64_t kc = K - k0 < kChunk ? K - k0 : kChunk;
         // As the AVX-512 walk: the next chunk of weights is fetched into L2 while this one is used, a few lines
         // per k row spread over every (part, row block) pass.
-        const char* next = reinterpret_cast<const char*>(panel + (k0 + kc) * SG_TILE);
-        const int64_t next_kc = k0 + kc < K ? (K - k0 - kc < kChunk ? K - k0 - kc : kChunk)
-                                : t + 1 < tiles ? (K < kChunk ? K : kChunk) : 0;
-        const int64_t lines = next_kc * SG_TILE * (int64_t)sizeof(float) / 64;
+        const NextChunk next(panel, k0, kc, K, t, tiles, kChunk);
+        const int64_t lines = next.lines;
         const int64_t passes = SG_TILE / kPart * split.blocks;
         const int per_k = (int)((lines + passes * kc - 1) / (passes * kc));
         int64_t issued = 0;
@@ -235,7 +245,7 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
             const int rows = split.rows(b);
             const int64_t left = lines - issued;
             kRowBlocks[width == kPart][rows](x + m0 * ldx, ldx, panel + part * kPart, k0, kc, N, c0, width, bias,
-                                             k0 == 0, y + m0 * N, left > 0 ? next + issued * 64 : nullptr, per_k,
+                                             k0 == 0, y + m0 * N, left > 0 ? next.start + issued * 64 : nullptr, per_k,
                                              left > 0 ? left : 0);
             issued += kc * per_k;
             m0 += rows;
