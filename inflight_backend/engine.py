@@ -219,13 +219,13 @@ class InflightEngine:
             bad = {sampled[row].req_id: why for row, why in failed.items()} if failed else None
             infos = {sampled[row].req_id: token_info(values, token_ids[row], params[row])
                      for row, values in raw.items() if bad is None or row not in failed} if raw else None
-            advance = self._advance if infos is None and not self._context_logits else self._postprocess
+            plain = infos is None and not self._context_logits  # nothing but the token to report
             for request in self.scheduler.update(sched, token_ids):
                 if bad is not None and request.req_id in bad:
                     outputs.append(self._fail_sampled(request, bad[request.req_id]))
                     continue
                 try:
-                    outputs.append(advance(request, now, infos))
+                    outputs.append(self._advance(request, now) if plain else self._postprocess(request, now, infos))
                 except Exception as exc:  # a failure here ends this request alone
                     outputs.append(self.fail(request, f"processing the output failed: {type(exc).__name__}: {exc}"))
         self.stats.record(sched, self.scheduler, (start, scheduled, modelled, time.perf_counter()))
@@ -270,8 +270,8 @@ class InflightEngine:
                 item.request.num_context_logits = positions.stop
                 at += len(positions)
 
-    def _advance(self, request: Request, now: float, infos=None) -> RequestOutput:
-        """The new token's text and whether the request ends (`infos`: unused, as _postprocess's signature)."""
+    def _advance(self, request: Request, now: float) -> RequestOutput:
+        """The new token's text and whether the request ends."""
         if request.first_token_time is None:
             request.first_token_time = now
         request.last_token_time = now
