@@ -111,12 +111,15 @@ def test_http_fields_that_name_no_input_are_refused_by_name(server, path):
 def test_steps_are_shared_and_a_late_request_is_served_at_once(server):
     model, port = "llm", server.metrics_port
     steps_before = metric(port, "inflight_steps_total", model)
-    started = threading.Barrier(8)
+    started = threading.Barrier(8, timeout=300)  # (a broken wait fails the test instead of hanging it)
     results = [None] * 8
 
     def early(i):
-        def on_token(out):
-            if len(out.ids) == 5:
+        waited = []
+
+        def on_token(out):  # a response may carry several tokens (coalesced): wait once, at 5 or more
+            if len(out.ids) >= 5 and not waited:
+                waited.append(True)
                 started.wait()
         results[i] = grpc_generate(url(server), model, {"text_input": f"request {i}", "max_tokens": 300,
                                                         "stream": True, "min_tokens": 300}, on_token=on_token)
