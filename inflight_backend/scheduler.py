@@ -165,23 +165,17 @@ class Scheduler:
     def _schedule_decodes(self, out: SchedulerOutput, requests: list[Request]) -> None:
         """One token each; a table grows only when its last block is full (the common case costs one lookup)."""
         running, allocate, scheduled = RequestStatus.RUNNING, self.blocks.allocate, out.scheduled
-        count = 0
         for request in requests:
-            if self._budget == count:
-                break
+            if self._budget == 0:
+                return
             if request.status != running:
                 continue  # preempted earlier in this step
             end = request.num_computed_tokens + 1
             table = allocate(request.req_id, end)
-            if table is None:
-                self._budget -= count  # (_allocate's preemptions give budget back: keep the count exact)
-                count = 0
-                table = self._allocate(out, request, end)
-                if table is None:
-                    continue
+            if table is None and (table := self._allocate(out, request, end)) is None:
+                continue  # preempted itself to make room
             scheduled.append(ScheduledRequest(request, 1, True, table, True))
-            count += 1
-        self._budget -= count
+            self._budget -= 1
 
     def _schedule_prompts(self, out: SchedulerOutput, requests: list[Request]) -> None:
         running = RequestStatus.RUNNING

@@ -45,6 +45,8 @@ struct NextChunk {
                          : t + 1 < tiles ? (K < chunk ? K : chunk) : 0;
     lines = rows * SG_TILE * (int64_t)sizeof(float) / 64;
   }
+  // Lines to issue per k row so that `passes` passes over a chunk of `kc` rows cover all of them.
+  int per_k(int64_t passes, int64_t kc) const { return (int)((lines + passes * kc - 1) / (passes * kc)); }
 };
 
 }  // namespace
@@ -127,7 +129,7 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
         // slower decode steps at batch 4-32.)
         const NextChunk next(panel, k0, kc, K, t, tiles, kChunk);
         const int64_t lines = next.lines;
-        const int per_k = (int)((lines + blocks * kc - 1) / (blocks * kc));
+        const int per_k = next.per_k(blocks, kc);
         for (int64_t b = 0, m0 = s0; b < blocks; ++b) {
           const int rows = split.rows(b);
           const int64_t first_line = b * kc * per_k, left = lines - first_line;
@@ -234,8 +236,7 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
         // per k row spread over every (part, row block) pass.
         const NextChunk next(panel, k0, kc, K, t, tiles, kChunk);
         const int64_t lines = next.lines;
-        const int64_t passes = SG_TILE / kPart * split.blocks;
-        const int per_k = (int)((lines + passes * kc - 1) / (passes * kc));
+        const int per_k = next.per_k(SG_TILE / kPart * split.blocks, kc);
         int64_t issued = 0;
         for (int part = 0; part < SG_TILE / kPart; ++part) {
           const int64_t c0 = t * SG_TILE + part * kPart;
