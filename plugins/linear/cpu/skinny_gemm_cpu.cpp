@@ -155,7 +155,8 @@ namespace {
 constexpr int kRows = 6;
 constexpr int kPart = 16;
 constexpr int64_t kSlab = 96;
-constexpr int64_t kChunk = 64;  // 64 x SG_TILE floats = 16 KB of the panel
+constexpr int64_t kChunk = 128;  // 128 x SG_TILE floats = 32 KB of the panel; a part's 8 KB stays in L1
+                                 // (64: each pass's accumulator loads and stores cost 4-5% at 32 rows)
 
 // Columns [c0, c0 + width) (width <= kPart) of rows [0, R) of y, over the panel's k rows [k0, k0 + kc); `panel`
 // points at this part's first column. First chunk: start from bias or zero; else from y. A partial part (the
@@ -190,7 +191,11 @@ void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int6
       const char* line = prefetch + k * per_k * 64;
       for (int j = 0; j < per_k; ++j) _mm_prefetch(line + 64 * j, _MM_HINT_T1);
     }
-    const __m256 w0 = _mm256_loadu_ps(panel), w1 = _mm256_loadu_ps(panel + 8);
+    __m256 w0 = _mm256_loadu_ps(panel), w1 = _mm256_loadu_ps(panel + 8);
+    // With 4 rows or fewer, GCC folds the weight loads into every FMA (2R loads of 32 bytes a k row, where Zen's
+    // load ports take 2 a cycle): that made 4-row blocks load-bound (a decode GEMM at 8 rows 1.2x slower). The
+    // empty asm pins them in registers.
+    if (R <= 4) __asm__("" : "+x"(w0), "+x"(w1));
 #pragma GCC unroll 6
     for (int i = 0; i < R; ++i) {
       const __m256 xv = _mm256_broadcast_ss(x + i * ldx + k);
