@@ -33,20 +33,44 @@ struct RowSplit {
   int rows(int64_t b) const { return (int)(base + (b < extra ? 1 : 0)); }
 };
 
+// What one pass of a row block over a chunk prefetches into L2: `count` cache lines from `start`, `per` of them
+// at every (1 << shift)-th k row.
+struct Prefetch {
+  const char* start;
+  int64_t count;
+  int per, shift;
+  bool due(int64_t k) const { return (k & ((int64_t(1) << shift) - 1)) == 0 && (k >> shift) * per < count; }
+  const char* line(int64_t k) const { return start + (k >> shift) * per * 64; }
+};
+
 // The weights a walk reads after rows [k0, k0 + kc) of tile t's panel: the panel's next chunk of `chunk` rows,
 // or the next tile's first (panels are stored back to back); where it starts and its size in cache lines (0 after
-// the last tile). Both walks prefetch it into L2 while they use the current chunk.
+// the last tile). Both walks prefetch it into L2 while they use the current chunk, its lines spread evenly over
+// every pass of a row block over the chunk, so the memory streams the whole time the arithmetic runs. (Issued
+// all in the first pass, they held the line fill buffers its own loads needed: 1.2-1.3x slower decode steps at
+// batch 4-32 with AVX-512; a few per k row from the first pass on until all were issued, the last passes issued
+// none: with AVX2 at 8 rows, a 128-row chunk's 512 lines took the first half of its 8 passes, and the decode
+// GEMMs ran 1.2x slower than when spread over all 8.)
 struct NextChunk {
   const char* start;
   int64_t lines;
-  NextChunk(const float* panel, int64_t k0, int64_t kc, int64_t K, int64_t t, int64_t tiles, int64_t chunk)
+  int per = 1, shift = 0;
+  NextChunk(const float* panel, int64_t k0, int64_t kc, int64_t K, int64_t t, int64_t tiles, int64_t chunk,
+            int64_t passes)
       : start(reinterpret_cast<const char*>(panel + (k0 + kc) * SG_TILE)) {
     const int64_t rows = k0 + kc < K ? (K - k0 - kc < chunk ? K - k0 - kc : chunk)
                          : t + 1 < tiles ? (K < chunk ? K : chunk) : 0;
     lines = rows * SG_TILE * (int64_t)sizeof(float) / 64;
+    const int64_t steps = passes * kc;  // k rows walked over the chunk, all passes together
+    if (lines >= steps) per = (int)((lines + steps - 1) / steps);
+    else if (lines > 0) while ((steps >> (shift + 1)) >= lines) ++shift;
   }
-  // Lines to issue per k row so that `passes` passes over a chunk of `kc` rows cover all of them.
-  int per_k(int64_t passes, int64_t kc) const { return (int)((lines + passes * kc - 1) / (passes * kc)); }
+  // The lines pass `pass` (0-based) issues.
+  Prefetch pass(int64_t pass, int64_t kc) const {
+    const int64_t each = ((kc + (int64_t(1) << shift) - 1) >> shift) * per, first = pass * each;
+    const int64_t left = lines - first;
+    return {left > 0 ? start + first * 64 : nullptr, left > 0 ? left : 0, per, shift};
+  }
 };
 
 }  // namespace
@@ -61,12 +85,10 @@ constexpr int64_t kSlab = 96;    // rows of x per pass over all tiles
 constexpr int64_t kChunk = 128;  // k rows of a panel per pass: 128 x SG_TILE floats = 32 KB, resident in L1
 
 // Rows [0, R) of x times the packed panel's k rows [k0, k0 + kc): accumulate into y (first chunk: start from
-// bias or zero; last chunk: y holds the result). Meanwhile prefetch `prefetch_lines` cache lines from
-// `prefetch` into L2, `per_k` of them per k row.
+// bias or zero; last chunk: y holds the result). Meanwhile prefetch `pf`'s lines into L2.
 template <int R>
 void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t kc, int64_t N, int64_t n0,
-               const __mmask16* masks, const float* bias, bool first, float* y, const char* prefetch, int per_k,
-               int64_t prefetch_lines) {
+               const __mmask16* masks, const float* bias, bool first, float* y, Prefetch pf) {
   __m512 acc[R][4];
   for (int j = 0; j < 4; ++j) {
     const __m512 init = first ? (bias ? _mm512_maskz_loadu_ps(masks[j], bias + n0 + 16 * j) : _mm512_setzero_ps())
@@ -77,9 +99,9 @@ void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int6
   panel += k0 * SG_TILE;
   x += k0;
   for (int64_t k = 0; k < kc; ++k, panel += SG_TILE) {
-    if (k * per_k < prefetch_lines) {
-      const char* line = prefetch + k * per_k * 64;
-      for (int j = 0; j < per_k; ++j) _mm_prefetch(line + 64 * j, _MM_HINT_T1);
+    if (pf.due(k)) {
+      const char* line = pf.line(k);
+      for (int j = 0; j < pf.per; ++j) _mm_prefetch(line + 64 * j, _MM_HINT_T1);
     }
     const __m512 w0 = _mm512_loadu_ps(panel), w1 = _mm512_loadu_ps(panel + 16);
     const __m512 w2 = _mm512_loadu_ps(panel + 32), w3 = _mm512_loadu_ps(panel + 48);
@@ -96,7 +118,7 @@ void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int6
 }
 
 using RowBlockFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
-                            const __mmask16*, const float*, bool, float*, const char*, int, int64_t);
+                            const __mmask16*, const float*, bool, float*, Prefetch);
 constexpr RowBlockFn kRowBlocks[kRows + 1] = {nullptr, row_block<1>, row_block<2>, row_block<3>,
                                               row_block<4>, row_block<5>, row_block<6>};
 
@@ -122,19 +144,12 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
         const int64_t kc = K - k0 < kChunk ? K - k0 : kChunk;
         const RowSplit split(s1 - s0, kRows);
         const int64_t blocks = split.blocks;
-        // While the row blocks run over this chunk, the next chunk of weights (the rest of this panel, or
-        // the next tile's: panels are stored back to back) is fetched into L2, a few lines per k row spread
-        // over all the blocks, so streaming the weights from memory overlaps the arithmetic. (Issued all in
-        // the first block, the prefetches held the line fill buffers that block's own loads needed: 1.2-1.3x
-        // slower decode steps at batch 4-32.)
-        const NextChunk next(panel, k0, kc, K, t, tiles, kChunk);
-        const int64_t lines = next.lines;
-        const int per_k = next.per_k(blocks, kc);
+        // While the row blocks run over this chunk, the next chunk of weights is fetched into L2.
+        const NextChunk next(panel, k0, kc, K, t, tiles, kChunk, blocks);
         for (int64_t b = 0, m0 = s0; b < blocks; ++b) {
           const int rows = split.rows(b);
-          const int64_t first_line = b * kc * per_k, left = lines - first_line;
           kRowBlocks[rows](x + m0 * ldx, ldx, panel, k0, kc, N, n0, masks, bias, k0 == 0, y + m0 * N,
-                           left > 0 ? next.start + first_line * 64 : nullptr, per_k, left > 0 ? left : 0);
+                           next.pass(b, kc));
           m0 += rows;
         }
       }
@@ -165,8 +180,7 @@ constexpr int64_t kChunk = 128;  // 128 x SG_TILE floats = 32 KB of the panel; a
 // part, a 1024 x 1024 layer at 32 rows took 0.72 ms, against 0.42 ms).
 template <int R, bool Full>
 void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t kc, int64_t N, int64_t c0,
-               int width, const float* bias, bool first, float* y, const char* prefetch, int per_k,
-               int64_t prefetch_lines) {
+               int width, const float* bias, bool first, float* y, Prefetch pf) {
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(width), lanes);
   const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(width - 8), lanes);
@@ -187,9 +201,9 @@ void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int6
   panel += k0 * SG_TILE;
   x += k0;
   for (int64_t k = 0; k < kc; ++k, panel += SG_TILE) {
-    if (k * per_k < prefetch_lines) {
-      const char* line = prefetch + k * per_k * 64;
-      for (int j = 0; j < per_k; ++j) _mm_prefetch(line + 64 * j, _MM_HINT_T1);
+    if (pf.due(k)) {
+      const char* line = pf.line(k);
+      for (int j = 0; j < pf.per; ++j) _mm_prefetch(line + 64 * j, _MM_HINT_T1);
     }
     __m256 w0 = _mm256_loadu_ps(panel), w1 = _mm256_loadu_ps(panel + 8);
     // With 4 rows or fewer, GCC folds the weight loads into every FMA (2R loads of 32 bytes a k row, where Zen's
@@ -216,7 +230,7 @@ void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int6
 }
 
 using RowBlockFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, int,
-                            const float*, bool, float*, const char*, int, int64_t);
+                            const float*, bool, float*, Prefetch);
 constexpr RowBlockFn kRowBlocks[2][kRows + 1] = {
     {nullptr, row_block<1, false>, row_block<2, false>, row_block<3, false>, row_block<4, false>,
      row_block<5, false>, row_block<6, false>},
@@ -237,23 +251,17 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
       const RowSplit split(s1 - s0, kRows);
       for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
         const int64_t kc = K - k0 < kChunk ? K - k0 : kChunk;
-        // As the AVX-512 walk: the next chunk of weights is fetched into L2 while this one is used, a few lines
-        // per k row spread over every (part, row block) pass.
-        const NextChunk next(panel, k0, kc, K, t, tiles, kChunk);
-        const int64_t lines = next.lines;
-        const int per_k = next.per_k(SG_TILE / kPart * split.blocks, kc);
-        int64_t issued = 0;
+        // As the AVX-512 walk: the next chunk of weights is fetched into L2 over every (part, row block) pass.
+        const NextChunk next(panel, k0, kc, K, t, tiles, kChunk, SG_TILE / kPart * split.blocks);
+        int64_t pass = 0;
         for (int part = 0; part < SG_TILE / kPart; ++part) {
           const int64_t c0 = t * SG_TILE + part * kPart;
           if (c0 >= N) break;
           const int width = N - c0 >= kPart ? kPart : (int)(N - c0);
           for (int64_t b = 0, m0 = s0; b < split.blocks; ++b) {
             const int rows = split.rows(b);
-            const int64_t left = lines - issued;
             kRowBlocks[width == kPart][rows](x + m0 * ldx, ldx, panel + part * kPart, k0, kc, N, c0, width, bias,
-                                             k0 == 0, y + m0 * N, left > 0 ? next.start + issued * 64 : nullptr, per_k,
-                                             left > 0 ? left : 0);
-            issued += kc * per_k;
+                                             k0 == 0, y + m0 * N, next.pass(pass++, kc));
             m0 += rows;
           }
         }
