@@ -128,7 +128,9 @@ class VLLMTarget(_HTTPServerTarget):
     name = "vllm"
 
     def __init__(self, checkpoint: str, workdir: Path, port: int, max_batch_size: int, max_num_tokens: int,
-                 max_model_len: int = 2048, kv_cache_bytes: int = 2 * 2**30) -> None:
+                 max_model_len: int = 2048, kv_cache_bytes: int = 2 * 2**30, chunk_budget: int = 0) -> None:
+        """`chunk_budget`: tokens per step with chunked prefill (`--max-num-batched-tokens`, which may then be below
+        the model's context); 0: `max_num_tokens`, at least the context."""
         python = PEERS / "vllm" / "bin" / "python"
         if not python.exists():
             raise SystemExit("vLLM is not installed: run `make bench-peers`")
@@ -137,7 +139,9 @@ class VLLMTarget(_HTTPServerTarget):
         command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint,
                    "--dtype", "float32", "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes",
                    str(kv_cache_bytes), "--max-num-seqs", str(max_batch_size), "--max-num-batched-tokens",
-                   str(max(max_num_tokens, max_model_len)), "--host", "127.0.0.1", "--port", str(port)]
+                   str(chunk_budget or max(max_num_tokens, max_model_len)), "--host", "127.0.0.1", "--port", str(port)]
+        if chunk_budget:
+            command.append("--enable-chunked-prefill")
         env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}",  # by default it keeps a core to itself
                "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
         super().__init__(command, port, workdir / "vllm.log", env)

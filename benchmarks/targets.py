@@ -148,8 +148,10 @@ class TritonTarget:
             response = result.get_response()
             i = int(response.id)
             ids = result.as_numpy("output_ids")
-            if ids is not None and ids.size:
-                sub.token(i)
+            if ids is not None and ids.size:  # a coalesced response carries several tokens, all arrived now
+                now = sub.now()
+                for _ in range(ids.size):
+                    sub.token(i, now)
             if response.parameters["triton_final_response"].bool_param:
                 sub.finished()
 
