@@ -128,9 +128,10 @@ class VLLMTarget(_HTTPServerTarget):
     name = "vllm"
 
     def __init__(self, checkpoint: str, workdir: Path, port: int, max_batch_size: int, max_num_tokens: int,
-                 max_model_len: int = 2048, kv_cache_bytes: int = 2 * 2**30, chunk_budget: int = 0) -> None:
+                 max_model_len: int = 2048, kv_cache_bytes: int = 2 * 2**30, chunk_budget: int = 0,
+                 prefix_caching: bool = True) -> None:
         """`chunk_budget`: tokens per step with chunked prefill (`--max-num-batched-tokens`, which may then be below
-        the model's context); 0: `max_num_tokens`, at least the context."""
+        the model's context); 0: `max_num_tokens`, at least the context. `prefix_caching`: vLLM's default, on."""
         python = PEERS / "vllm" / "bin" / "python"
         if not python.exists():
             raise SystemExit("vLLM is not installed: run `make bench-peers`")
@@ -142,6 +143,8 @@ class VLLMTarget(_HTTPServerTarget):
                    str(chunk_budget or max(max_num_tokens, max_model_len)), "--host", "127.0.0.1", "--port", str(port)]
         if chunk_budget:
             command.append("--enable-chunked-prefill")
+        if not prefix_caching:
+            command.append("--no-enable-prefix-caching")
         env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}",  # by default it keeps a core to itself
                "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
         super().__init__(command, port, workdir / "vllm.log", env)

@@ -10,7 +10,8 @@ admits longest cached prefix first (`cache_aware_admission_ms` 1000);
 `+chunkedN` sets that target's token budget to N instead of --chunked-max-num-tokens, `+chunkedNcapC` also caps
 one request's prompt tokens per step at C (`max_chunk_tokens`);
 `hf:static` (transformers `generate`, static batches), `hf:batch` (transformers' continuous batching);
-the peers `vllm:x[+chunkedN]` (N: its --max-num-batched-tokens with chunked prefill) and `llamacpp:x`
+the peers `vllm:x[+chunkedN][+noreuse]` (N: its --max-num-batched-tokens with chunked prefill; `+noreuse`: its
+prefix caching off, which poisson runs need: each rate sends the same prompts again) and `llamacpp:x`
 (make bench-peers).
 Modes: `saturation` (everything arrives at once), `poisson --rates R ...` (open loop, requests/s),
 `concurrency --concurrency N ...` (closed loop). TTFT counts from each request's scheduled arrival.
@@ -39,13 +40,13 @@ def make_target(spec: str, args, workdir: Path):
         from inflight_backend.server import free_port
 
         _, *flags = policy.split("+")
-        chunked = flags[0] if len(flags) == 1 and system == "vllm" and flags[0].startswith("chunked") else ""
+        chunked = next((f for f in flags if f.startswith("chunked")), "")
         budget, cap = chunk_budget(chunked, args.chunked_max_num_tokens) if chunked else (0, 0)
-        if (flags and not chunked) or cap:
-            raise SystemExit(f"{spec}: a peer takes no suffix but vLLM's +chunkedN (its --max-num-batched-tokens)")
+        if system != "vllm" and flags or cap or set(flags) - {chunked, "noreuse"}:
+            raise SystemExit(f"{spec}: a peer takes no suffix but vLLM's +chunkedN and +noreuse")
         if system == "vllm":
             return P.VLLMTarget(args.checkpoint, workdir, free_port(), args.max_batch_size, args.max_num_tokens,
-                                chunk_budget=budget)
+                                chunk_budget=budget, prefix_caching="noreuse" not in flags)
         return P.LlamaCppTarget(args.checkpoint, workdir, free_port(), args.max_batch_size)
     if system == "hf":
         cls = {"static": T.HFStaticTarget, "batch": T.HFContinuousTarget}[policy]
