@@ -61,7 +61,9 @@ def test_grpc_stream_deltas_concatenate_to_the_full_decode(server):
     assert out.error is None and out.finish_reason in ("stop", "length")
     assert out.text == TOKENIZER.decode(out.ids)
     assert out.num_input_tokens == len(prompt.encode()) + 1 and out.num_output_tokens == len(out.ids)
-    assert out.num_responses == len(out.ids)  # one response per token, the last one FINAL
+    # a response per token, unless the responder fell behind the engine and sent some together (coalescing:
+    # this tiny model can outpace it on a loaded machine): streamed, never more responses than tokens
+    assert 1 < out.num_responses <= len(out.ids)
     assert not any(t.endswith("\ufffd") for t in out.texts[:-1])  # an incomplete character is held back
 
 

@@ -61,7 +61,8 @@ def test_the_vllm_sample_clients_request(server, greedy, stream):
     assert error is None
     ids, text = greedy
     assert "".join(texts) == (text if stream else PROMPT + text)
-    assert len(texts) == (len(ids) if stream else 1)  # a response per token when streaming
+    # streaming: a response per token, or fewer where the responder fell behind and coalesced some
+    assert (1 < len(texts) <= len(ids)) if stream else len(texts) == 1
 
 
 def test_vllm_sampling_parameters_we_cannot_honour_are_errors_naming_them(server):
