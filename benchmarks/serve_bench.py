@@ -15,7 +15,8 @@ prefix caching off, which poisson runs need: each rate sends the same prompts ag
 (make bench-peers).
 Modes: `saturation` (everything arrives at once), `poisson --rates R ...` (open loop, requests/s),
 `concurrency --concurrency N ...` (closed loop). TTFT counts from each request's scheduled arrival.
-Writes every run's metrics as JSON (`--out`) and prints a markdown table.
+Before timing, every target but `hf:` (which is transformers) answers 4 prompts greedily and must give
+transformers' tokens. Writes every run's metrics as JSON (`--out`) and prints a markdown table.
 """
 from __future__ import annotations
 
@@ -160,10 +161,12 @@ def run_target(spec: str, args, workdir: Path, items, rnd: int) -> list[dict]:
     runs = []
     target = make_target(spec, args, workdir)
     try:
-        if hasattr(target, "greedy_ids"):  # a peer: its greedy tokens must be transformers' before it is timed
+        if hasattr(target, "greedy_ids"):  # ours and the peers: greedy tokens must be transformers' before timing
             from benchmarks.peer_targets import check_greedy
 
-            same, total = check_greedy(target, args.checkpoint, [(item.prompt_ids, 16) for item in items[:4]])
+            # the warm-up's prompts (reversed): a server that caches prefixes keeps nothing the timed run sends
+            cases = [(item.prompt_ids[::-1], 16) for item in items[:4]]
+            same, total = check_greedy(target, args.checkpoint, cases)
             print(f"{spec}: {same} of {total} greedy outputs equal transformers'", file=sys.stderr)
             if same != total:
                 raise SystemExit(f"{spec}: greedy outputs differ from transformers'; not timed")

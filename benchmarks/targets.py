@@ -99,6 +99,15 @@ class EngineTarget:
             loop.stop()
         return records, {**_engine_extra(self.engine, before), "cpu_seconds": {"process": time.process_time() - cpu_before}}
 
+    def greedy_ids(self, prompt_ids: list[int], n: int) -> list[int]:
+        """At most `n` greedy tokens for one prompt, the engine alone (call between runs)."""
+        self.engine.add_request("greedy-check", list(prompt_ids), SamplingParams(max_tokens=n))
+        ids: list[int] = []
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                ids.extend(out.token_ids)
+        return ids
+
 
 def _forced(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, min_tokens=n)
@@ -180,6 +189,43 @@ class TritonTarget:
         overhead = spent.get("schedule", 0) + spent.get("sample", 0) + spent.get("respond", 0)
         cache = {k: v - cache_before[k] for k, v in self._prompt_tokens().items()}
         return records, {"overhead_fraction": overhead / max(busy, 1e-9), "cpu_seconds": cpu, **cache}
+
+    def greedy_ids(self, prompt_ids: list[int], n: int) -> list[int]:
+        """At most `n` greedy tokens for one prompt (the model's default sampling), streamed over gRPC."""
+        import queue
+
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        ids: list[int] = []
+        done: queue.Queue = queue.Queue()
+
+        def callback(result, error):
+            if error is not None:
+                done.put(str(error))
+                return
+            got = result.as_numpy("output_ids")
+            if got is not None:
+                ids.extend(int(t) for t in got.reshape(-1))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                done.put(None)
+
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{self.server.grpc_port}")
+        client.start_stream(callback=callback)
+        try:
+            inputs = [grpc_input("input_ids", np.array(prompt_ids, dtype=np.int32), "INT32"),
+                      grpc_input("max_tokens", np.array([n], dtype=np.int32), "INT32"),
+                      grpc_input("stream", np.array([True]), "BOOL")]
+            client.async_stream_infer("bench", inputs, request_id="greedy-check",
+                                      outputs=[grpcclient.InferRequestedOutput("output_ids")],
+                                      enable_empty_final_response=True)
+            error = done.get(timeout=600)
+        finally:
+            client.stop_stream()
+            client.close()
+        if error is not None:
+            raise RuntimeError(error)
+        return ids
 
     def _prompt_tokens(self) -> dict[str, float]:
         """Prompt tokens served from the prefix cache and computed, so far (from /metrics)."""
