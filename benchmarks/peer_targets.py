@@ -4,7 +4,7 @@
 Both are driven like TritonTarget: the same workload items, the same arrival processes (benchmarks/targets.py's
 Submitter), streaming over HTTP with one thread per request, every token's arrival time recorded, prompts sent as
 token ids (so every server computes the same tokens), outputs forced to their length (min_tokens / ignore_eos),
-greedy. `check_greedy` compares a server's greedy ids with transformers' before anything is timed.
+greedy. `targets.check_greedy` compares a server's greedy ids with transformers' before anything is timed.
 """
 from __future__ import annotations
 
@@ -211,26 +211,6 @@ class LlamaCppTarget(_HTTPServerTarget):
             return json.loads(response.read())["tokens"]
         finally:
             conn.close()
-
-
-def check_greedy(target, checkpoint: str, cases: list[tuple[list[int], int]]) -> tuple[int, int]:
-    """(cases whose greedy ids equal transformers' generate, cases), each at most its n tokens; a case stops at
-    the model's end token like generate does."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    eos = model.generation_config.eos_token_id
-    same = 0
-    for ids, n in cases:
-        with torch.inference_mode():
-            want = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                  max_new_tokens=n, do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
-        if eos in want:
-            want = want[:want.index(eos) + 1]
-        got = target.greedy_ids(ids, n)
-        same += got[:len(want)] == want
-    return same, len(cases)
 
 
 def _cpu(pid: int) -> float:

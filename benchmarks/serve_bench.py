@@ -162,11 +162,9 @@ def run_target(spec: str, args, workdir: Path, items, rnd: int) -> list[dict]:
     target = make_target(spec, args, workdir)
     try:
         if hasattr(target, "greedy_ids"):  # ours and the peers: greedy tokens must be transformers' before timing
-            from benchmarks.peer_targets import check_greedy
-
             # the warm-up's prompts (reversed): a server that caches prefixes keeps nothing the timed run sends
             cases = [(item.prompt_ids[::-1], 16) for item in items[:4]]
-            same, total = check_greedy(target, args.checkpoint, cases)
+            same, total = T.check_greedy(target, args.checkpoint, cases)
             print(f"{spec}: {same} of {total} greedy outputs equal transformers'", file=sys.stderr)
             if same != total:
                 raise SystemExit(f"{spec}: greedy outputs differ from transformers'; not timed")

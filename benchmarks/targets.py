@@ -142,7 +142,6 @@ class TritonTarget:
         self.server.stop()
 
     def run(self, items, arrivals, concurrency=None):
-        import numpy as np
         import tritonclient.grpc as grpcclient
 
         records = new_records(items, arrivals)
@@ -164,18 +163,13 @@ class TritonTarget:
             if response.parameters["triton_final_response"].bool_param:
                 sub.finished()
 
-        tensor = grpc_input
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{self.server.grpc_port}")
         wanted = [grpcclient.InferRequestedOutput("output_ids")]  # token ids are all this client reads
         client.start_stream(callback=callback)
 
         def submit(i):
-            n = np.array([items[i].output_len], dtype=np.int32)
-            inputs = [tensor("input_ids", np.array(items[i].prompt_ids, dtype=np.int32), "INT32"),
-                      tensor("max_tokens", n, "INT32"), tensor("min_tokens", n, "INT32"),
-                      tensor("stream", np.array([True]), "BOOL")]
-            client.async_stream_infer("bench", inputs, request_id=str(i), outputs=wanted,
-                                      enable_empty_final_response=True)
+            client.async_stream_infer("bench", _stream_inputs(items[i].prompt_ids, items[i].output_len, forced=True),
+                                      request_id=str(i), outputs=wanted, enable_empty_final_response=True)
 
         try:
             sub.run(submit)
@@ -194,7 +188,6 @@ class TritonTarget:
         """At most `n` greedy tokens for one prompt (the model's default sampling), streamed over gRPC."""
         import queue
 
-        import numpy as np
         import tritonclient.grpc as grpcclient
 
         ids: list[int] = []
@@ -213,10 +206,7 @@ class TritonTarget:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{self.server.grpc_port}")
         client.start_stream(callback=callback)
         try:
-            inputs = [grpc_input("input_ids", np.array(prompt_ids, dtype=np.int32), "INT32"),
-                      grpc_input("max_tokens", np.array([n], dtype=np.int32), "INT32"),
-                      grpc_input("stream", np.array([True]), "BOOL")]
-            client.async_stream_infer("bench", inputs, request_id="greedy-check",
+            client.async_stream_infer("bench", _stream_inputs(prompt_ids, n, forced=False), request_id="greedy-check",
                                       outputs=[grpcclient.InferRequestedOutput("output_ids")],
                                       enable_empty_final_response=True)
             error = done.get(timeout=600)
@@ -252,6 +242,16 @@ def server_cpu(server) -> dict[str, float]:
     pid = server.process.pid
     stubs = [stat for stat in map(_proc_stat, _pids()) if stat[0] == pid]
     return {"tritonserver": _proc_stat(pid)[1], "stub": sum(cpu for _, cpu in stubs)}
+
+
+def _stream_inputs(prompt_ids: list[int], n: int, forced: bool) -> list:
+    """A streamed request's gRPC inputs: the prompt's ids and at most `n` new tokens (exactly `n` when `forced`)."""
+    import numpy as np
+
+    limit = np.array([n], dtype=np.int32)
+    inputs = [grpc_input("input_ids", np.array(prompt_ids, dtype=np.int32), "INT32"),
+              grpc_input("max_tokens", limit, "INT32"), grpc_input("stream", np.array([True]), "BOOL")]
+    return inputs + [grpc_input("min_tokens", limit, "INT32")] if forced else inputs
 
 
 def grpc_input(name: str, array, kind: str):
@@ -363,3 +363,23 @@ class HFContinuousTarget:
         finally:
             manager.stop(block=True)
         return records, {}
+
+
+def check_greedy(target, checkpoint: str, cases: list[tuple[list[int], int]]) -> tuple[int, int]:
+    """(cases whose greedy ids equal transformers' generate, cases), each at most its n tokens; a case stops at
+    the model's end token like generate does."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    same = 0
+    for ids, n in cases:
+        with torch.inference_mode():
+            want = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                  max_new_tokens=n, do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
+        if eos in want:
+            want = want[:want.index(eos) + 1]
+        got = target.greedy_ids(ids, n)
+        same += got[:len(want)] == want
+    return same, len(cases)
