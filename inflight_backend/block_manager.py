@@ -65,11 +65,12 @@ class BlockManager:
         return len(self._cached)
 
     def block_table(self, req_id: str) -> list[int]:
-        return self._tables.get(req_id, [])
+        """A copy of `req_id`'s block table ([] when it holds none); only allocate() hands out the live list."""
+        return list(self._tables.get(req_id, ()))
 
     def num_missing_blocks(self, req_id: str, num_tokens: int) -> int:
         """Blocks still to take so that `req_id` can hold `num_tokens` tokens."""
-        return max(0, blocks_for(num_tokens, self.block_size) - len(self.block_table(req_id)))
+        return max(0, blocks_for(num_tokens, self.block_size) - len(self._tables.get(req_id, ())))
 
     def allocate(self, req_id: str, num_tokens: int) -> list[int] | None:
         """Grow `req_id`'s table to hold `num_tokens` tokens and return it (the live list: callers only read it).
@@ -80,7 +81,9 @@ class BlockManager:
         missing = self.num_missing_blocks(req_id, num_tokens)
         if missing > self.num_free_blocks:
             return None
-        table = self._tables.setdefault(req_id, []) if missing else self.block_table(req_id)
+        if not missing:
+            return [] if table is None else table  # (asked for no tokens)
+        table = self._tables.setdefault(req_id, [])
         for _ in range(missing):
             block = self._free.popleft() if self._free else self._evict()
             self._refs[block] = 1

@@ -49,6 +49,7 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    budget: int = 0  # tokens the step may still take while the scheduler fills it (a preemption gives some back)
 
     # Derived, never stored: a preemption that drops a scheduled item cannot leave them stale.
     @property
@@ -89,7 +90,6 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the newest is preempted first
         self.num_preemptions = 0
         self.num_cached_tokens = 0  # tokens taken as computed blocks (prefix cache, or a sibling's) at admission
-        self._budget = 0
 
     @property
     def num_unfinished(self) -> int:
@@ -108,8 +108,7 @@ class Scheduler:
         self.blocks.free(request.req_id)
 
     def schedule(self, now: float | None = None) -> SchedulerOutput:
-        out = SchedulerOutput()
-        self._budget = self.config.max_num_tokens
+        out = SchedulerOutput(budget=self.config.max_num_tokens)
         policy = self.config.policy
         if policy == "fused":  # ORCA / TensorRT-LLM: decodes, then prompt chunks, then new prompts
             self._schedule_running(out, decodes=True, then_others=True)
@@ -166,7 +165,7 @@ class Scheduler:
         """One token each; a table grows only when its last block is full (the common case costs one lookup)."""
         running, allocate, scheduled = RequestStatus.RUNNING, self.blocks.allocate, out.scheduled
         for request in requests:
-            if self._budget == 0:
+            if out.budget == 0:
                 return
             if request.status != running:
                 continue  # preempted earlier in this step
@@ -175,27 +174,27 @@ class Scheduler:
             if table is None and (table := self._allocate(out, request, end)) is None:
                 continue  # preempted itself to make room
             scheduled.append(ScheduledRequest(request, 1, True, table, True))
-            self._budget -= 1
+            out.budget -= 1
 
     def _schedule_prompts(self, out: SchedulerOutput, requests: list[Request]) -> None:
         running = RequestStatus.RUNNING
         for request in requests:
-            if self._budget == 0:
+            if out.budget == 0:
                 return
             if request.status != running:
                 continue  # preempted earlier in this step
-            limit = min(self._budget, self.config.chunk_limit)
+            limit = min(out.budget, self.config.chunk_limit)
             self._schedule(out, request, min(request.num_uncomputed_tokens, limit), False)
 
     def _admit(self, out: SchedulerOutput) -> None:
         reserved = None  # guaranteed_no_evict: blocks the running requests may still take (summed once a step)
-        while self.waiting and self._budget > 0 and len(self.running) < self.config.max_batch_size:
+        while self.waiting and out.budget > 0 and len(self.running) < self.config.max_batch_size:
             request = self._next_waiting()
             if request is None:
                 return
             reused = self._reusable(request)
             num_tokens = request.num_uncomputed_tokens - len(reused) * self.blocks.block_size
-            limit = min(self._budget, self.config.chunk_limit)
+            limit = min(out.budget, self.config.chunk_limit)
             if num_tokens > limit:
                 # A preempted request recomputes in chunks whatever the setting: it may have outgrown the budget.
                 if not (self.config.enable_chunked_prefill or request.num_preemptions):
@@ -285,7 +284,7 @@ class Scheduler:
         if table is None:
             return
         out.scheduled.append(ScheduledRequest(request, num_tokens, decode or end == request.num_tokens, table, decode))
-        self._budget -= num_tokens
+        out.budget -= num_tokens
         if request.first_scheduled_time is None:
             request.first_scheduled_time = time.monotonic()
 
@@ -306,7 +305,7 @@ class Scheduler:
         for i, item in enumerate(out.scheduled):
             if item.request is victim:
                 del out.scheduled[i]
-                self._budget += item.num_tokens
+                out.budget += item.num_tokens
                 break
         self.running.remove(victim)
         self.blocks.free(victim.req_id)

@@ -21,10 +21,20 @@ def test_allocate_grows_tables_and_free_returns_blocks():
     bm.check_integrity()
 
 
+def test_block_table_is_a_copy_the_caller_cannot_corrupt():
+    bm = BlockManager(num_blocks=4, block_size=2)
+    bm.allocate("a", 3)
+    table = bm.block_table("a")
+    table.append(table[0])  # a caller's edit stays in its own list
+    assert len(bm.block_table("a")) == 2 and bm.allocate("a", 0) == bm.block_table("a")
+    assert bm.allocate("b", 0) == [] and bm.block_table("b") == []
+    bm.check_integrity()
+
+
 def test_failed_allocation_changes_nothing():
     bm = BlockManager(num_blocks=3, block_size=2)
     assert bm.allocate("a", 2)
-    table = list(bm.block_table("a"))
+    table = bm.block_table("a")
     assert not bm.allocate("a", 9)  # needs 5 blocks
     assert bm.block_table("a") == table and bm.num_free_blocks == 2
     assert not bm.allocate("b", 7)
@@ -35,7 +45,7 @@ def test_failed_allocation_changes_nothing():
 def test_integrity_check_catches_a_double_owned_block():
     bm = BlockManager(num_blocks=4, block_size=2)
     bm.allocate("a", 2)
-    bm._tables["b"] = list(bm.block_table("a"))  # corrupt on purpose
+    bm._tables["b"] = bm.block_table("a")  # corrupt on purpose
     with pytest.raises(AssertionError):
         bm.check_integrity()
 
