@@ -44,6 +44,23 @@ def test_greedy_tokens_match_transformers_with_staggered_arrivals(setup, oracle_
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
+def test_reused_activation_buffers_change_no_token(setup, oracle_cases, monkeypatch):
+    """Every GEMM output from the shared pool (models/activation_pool.py), not only a prefill step's largest."""
+    from inflight_backend.models import activation_pool
+    monkeypatch.setattr(activation_pool, "REUSE_BYTES", 0)
+    path, expected = setup
+    engine = InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=256, max_batch_size=8, max_num_tokens=512))
+    layer = engine.runner.model.model.layers[0].mlp.down_proj
+    if not hasattr(layer, "_pool"):
+        pytest.skip("the native skinny GEMM is not built for this processor: no PackedLinear, no pool")
+    storages, take = [], layer._pool.take
+    layer._pool.take = lambda rows, cols: storages.append((out := take(rows, cols)).untyped_storage().data_ptr()) \
+        or out
+    got, _ = run(engine, oracle_cases, arrive_at_step=[2 * i for i in range(len(oracle_cases))])
+    assert got == expected
+    assert len(storages) > 10 * len(set(storages))  # each buffer served many layers (new ones: larger steps)
+
+
 def test_chunked_prefill_under_a_chunk_cap_matches_transformers(setup, oracle_cases):
     path, expected = setup
     engine = InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=256, max_batch_size=8, max_num_tokens=40,

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..config import LINEAR_BACKENDS
 from . import skinny_gemm
+from .activation_pool import ActivationPool
 
 
 class InputMajorLinear(nn.Module):
@@ -33,9 +34,10 @@ class InputMajorLinear(nn.Module):
 
 
 class PackedLinear(nn.Module):
-    """y = x @ W^T + bias through the native skinny GEMM; fp32 only, one packed copy of the weight."""
+    """y = x @ W^T + bias through the native skinny GEMM; fp32 only, one packed copy of the weight. Large outputs
+    go in buffers of `pool` (shared by a model's layers) that nothing holds any more."""
 
-    def __init__(self, linear: nn.Linear, lib) -> None:
+    def __init__(self, linear: nn.Linear, lib, pool: ActivationPool | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight_t = linear.weight.detach().float().t().contiguous()
@@ -43,12 +45,14 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float().contiguous(),
                                                                  requires_grad=False)
         self._lib = lib
+        self._pool = pool or ActivationPool()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
-        y = skinny_gemm.gemm(self._lib, rows, self.packed, self.out_features, self.bias)
+        y = skinny_gemm.gemm(self._lib, rows, self.packed, self.out_features, self.bias,
+                             self._pool.take(rows.shape[0], self.out_features))
         return y.view(*x.shape[:-1], self.out_features)
 
 
@@ -78,7 +82,8 @@ def convert_cpu_linears(model: nn.Module, backend: str = "auto", dtype: torch.dt
     for module in model.modules():
         if hasattr(module, "merge_projections"):
             module.merge_projections()
-    _replace(model, lambda linear: PackedLinear(linear, lib))
+    pool = ActivationPool()
+    _replace(model, lambda linear: PackedLinear(linear, lib, pool))
     return "native skinny GEMM (packed, merged qkv and gate/up)"
 
 

@@ -42,10 +42,11 @@ def pack(lib: ctypes.CDLL, weight_t: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (M, K) fp32 with unit column stride -> x @ W + bias, (M, n)."""
+def gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None,
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) fp32 with unit column stride -> x @ W + bias, (M, n), into `out` (contiguous (M, n)) if given."""
     m, k = x.shape
-    y = torch.empty(m, n, dtype=torch.float32)
+    y = torch.empty(m, n, dtype=torch.float32) if out is None else out
     status = lib.sg_gemm_f32(x.data_ptr(), m, k, x.stride(0), packed.data_ptr(), n,
                              None if bias is None else bias.data_ptr(), y.data_ptr())
     if status != SG_OK:
