@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 from inflight_backend.cancel_watcher import CancelWatcher
 from inflight_backend.stop_signal import StopSignal
@@ -31,6 +32,22 @@ def test_every_open_stream_is_asked_each_tick_and_cancelled_once():
     watcher.stop()
     assert sorted(cancelled, key=int) == [str(i) for i in range(0, 64, 3)]  # each once, though asked every tick
     assert all(s.asked >= 3 for s in senders.values() if not s.cancelled)
+
+
+def test_long_sweeps_space_the_ticks_out():
+    """A tick whose round trips take 20 ms, due every 1 ms, waits (1 / max_share - 1) times as long as it took."""
+    starts = []
+
+    def open_senders():
+        starts.append(time.monotonic())
+        time.sleep(0.02)
+        return []
+
+    watcher = CancelWatcher(open_senders, lambda req_id: None, lambda: None, tick=0.001, max_share=0.1)
+    time.sleep(0.5)
+    watcher.stop()
+    assert 1 <= len(starts) <= 3  # unbounded: ~24 ticks in 0.5 s
+    assert all(b - a >= 0.02 * 10 * 0.9 for a, b in zip(starts, starts[1:]))
 
 
 def test_a_failing_sender_does_not_stop_the_watching():
