@@ -43,7 +43,7 @@ class EngineConfig:
     priority_aging_s: float = 10.0  # waiting requests gain one priority level per this many seconds
     default_max_tokens: int = 64  # when a request gives no max_tokens
     cancel_check_interval_ms: float = 50.0  # how often every open stream is asked whether its client has gone
-    cancel_check_max_share: float = 0.02  # the most of the time those asks may take (longer sweeps: later ticks)
+    cancel_check_max_share: float = 0.1  # the most of the time those asks may take (longer sweeps: later ticks)
     max_prompt_bytes: int = 0  # text_input larger than this is refused before tokenizing; 0: 32 x model context
     max_prompt_tokens: int = 0  # 0: the model's context - 1
     seed: int = 0  # engine-wide seed for sampled requests that give none
