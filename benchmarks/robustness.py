@@ -109,7 +109,8 @@ def cancellation(url: str, port: int, model: str, n: int, log: Path) -> dict:
 
 
 def watcher_cost(url: str, models: list[str], n: int, rounds: int) -> dict:
-    """Tokens/s of N streams x 200 tokens on models that differ only in how often they ask about cancellation, alternating."""
+    """Tokens/s of N streams x 200 tokens on models that differ only in how often they ask about cancellation,
+    alternating."""
     rates: dict[str, list[float]] = {m: [] for m in models}
     for _ in range(rounds):
         for model in models:

@@ -35,11 +35,11 @@ class CancelWatcher:
 
     def _run(self) -> None:
         """Ticks start every `tick` seconds, or later when sweeps are long: ticks take at most `max_share` of the
-        time (with 0.02, the model's default: at 32 streams a sweep takes ~5 ms, ~0.17 ms a round trip, so ticks
-        come every ~0.27 s).
+        time (with 0.1, the model's default: at 64 streams a sweep takes ~10 ms, ~0.17 ms a round trip, so ticks
+        come every ~0.1 s; at 32 streams every 50 ms, as asked).
         Each round trip wakes a tritonserver thread and this one, on the cores the engine's threads compute on:
         asking 32 streams every 50 ms, the large model's saturated run through Triton gave 96.6-97.6 tok/s and
-        tritonserver used 1.2-1.3 CPU s; bounded so, 98.3-103.2 tok/s and 0.7-0.8 s (runs interleaved).
+        tritonserver used 1.2-1.3 CPU s; bounded to 0.02, 98.3-103.2 tok/s and 0.7-0.8 s (runs interleaved).
         A cancel waits at most a tick plus a sweep before it is seen."""
         next_tick = time.monotonic() + self._tick
         while not self._stopped.wait(max(next_tick - time.monotonic(), 0.0)):

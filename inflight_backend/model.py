@@ -81,7 +81,8 @@ class TritonPythonModel:
         self.loop = BatchLoop(engine, self._emit, on_idle=self._on_idle)
         self.limits = self.loop.prompt_limits()
         self._watcher = CancelWatcher(self._open_senders, self._cancel_call, self._check_stop,
-                                      self.config.cancel_check_interval_ms / 1000.0, self.config.cancel_check_max_share)
+                                      self.config.cancel_check_interval_ms / 1000.0,
+                                      self.config.cancel_check_max_share)
         layout = "TensorRT-LLM batched" if self.batched else "unbatched"
         pb_utils.Logger.log_info(
             f"inflight: model {args['model_name']} ready ({layout} layout, "

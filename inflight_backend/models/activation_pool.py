@@ -3,9 +3,9 @@
 A 2,048-token prefill step on a 1024-wide model writes a 45 MB gate/up output in every layer. glibc serves a block
 that large with a fresh mapping and unmaps it on free (its mmap threshold is 32 MB at most; a thread's arena also
 unmaps a whole heap when it empties), so each layer faulted its output in again and the kernel zeroed every page:
-about 0.25 s of a 4.5 s prefill step (benchmarks/step_profile.py). A model's PackedLinear layers share one pool;
-a buffer is reused only when no tensor (the one handed out, or any view of it) still refers to its storage, so a
-caller may keep what it got as long as it likes.
+about 0.25 s of a 4.5 s prefill step (docs/PERFORMANCE.md, issue 16's section). A model's PackedLinear layers
+share one pool; a buffer is reused only when no tensor (the one handed out, or any view of it) still refers to its
+storage, so a caller may keep what it got as long as it likes.
 """
 from __future__ import annotations
 
