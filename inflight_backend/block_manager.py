@@ -81,8 +81,8 @@ class BlockManager:
         missing = self.num_missing_blocks(req_id, num_tokens)
         if missing > self.num_free_blocks:
             return None
-        if not missing:
-            return [] if table is None else table  # (asked for no tokens)
+        if not missing:  # (only when it holds no table and asks for no tokens: a table with room returned above)
+            return []
         table = self._tables.setdefault(req_id, [])
         for _ in range(missing):
             block = self._free.popleft() if self._free else self._evict()
