@@ -64,7 +64,8 @@ class TritonPythonModel:
         if model_config.get("dynamic_batching") is not None:
             raise pb_utils.TritonModelException("inflight: remove dynamic_batching from config.pbtxt: the backend "
                                                 "batches every iteration itself")
-        self.metrics = TritonMetrics(pb_utils, args["model_name"])
+        self._name = args["model_name"]
+        self.metrics = TritonMetrics(pb_utils, self._name)
         self._sequences: dict[str, Sequence] = {}
         self._calls: dict[str, Call] = {}
         self._lock = threading.Lock()
@@ -76,6 +77,7 @@ class TritonPythonModel:
         self._rejected: Counter[str] = Counter()  # by reason, since the last publish (execute's thread adds)
         self._stop_signal = StopSignal.from_environment()
         self._stopping: str | None = None  # once set: the message every open and new request ends with
+        self._drained_logged = False
         engine = InflightEngine(self.config)
         gc_tuning.for_serving()  # what exists now lives as long as the stub
         self.loop = BatchLoop(engine, self._emit, on_idle=self._on_idle)
@@ -98,9 +100,14 @@ class TritonPythonModel:
     def finalize(self):
         """Stop watching, then end every open stream and stop both threads, bounded so that Triton's exit
         timeout is never reached; no thread touches pb_utils once this returns."""
+        # Triton calls this only once nothing holds the model (every response factory and stream released); these
+        # two lines tell a shutdown that overruns its exit timeout apart: held (neither), or stuck past them.
+        pb_utils.Logger.log_info(f"inflight: {self._name}: finalizing")
         self._watcher.stop()
         if not self.loop.stop():
-            pb_utils.Logger.log_warn("inflight: the engine thread did not stop in time; its outputs are dropped")
+            pb_utils.Logger.log_warn(f"inflight: {self._name}: the engine thread did not stop in time; its outputs are "
+                                     "dropped")
+        pb_utils.Logger.log_info(f"inflight: {self._name}: finalized")
 
     def _enqueue(self, request) -> None:
         arrival = time.monotonic()
@@ -179,8 +186,21 @@ class TritonPythonModel:
         """Watcher thread: once the supervisor asks (or is gone), end every stream and refuse new ones."""
         if self._stopping is None and self._stop_signal.is_set():
             self._stopping = "the server is shutting down: request ended early; retry on another instance"
-            pb_utils.Logger.log_info("inflight: stop requested: ending every open stream")
+            with self._lock:
+                open_calls = len(self._calls)
+            pb_utils.Logger.log_info(f"inflight: {self._name}: stop requested: ending every open stream "
+                                     f"({open_calls} open)")
             self.loop.drain(self._stopping)
+            if not open_calls:
+                self._log_drained()
+
+    def _log_drained(self) -> None:
+        """Once per stop: every stream has had its FINAL, so no response factory of ours holds the model in
+        Triton any more (one that still does not unload is held from outside, or stuck in finalize)."""
+        with self._lock:
+            first, self._drained_logged = not self._drained_logged, True
+        if first:
+            pb_utils.Logger.log_info(f"inflight: {self._name}: every stream ended")
 
     def _check_queue(self, adding: int) -> None:
         limit = self.config.max_queue_size
@@ -216,6 +236,8 @@ class TritonPythonModel:
             self._publish_metrics()
         for seq, out, last in ready:
             self._deliver(seq, out, last)
+        if self._stopping is not None and not self._calls:
+            self._log_drained()
         self._respond_seconds += time.perf_counter() - start
         if time.monotonic() - self._last_publish >= _METRICS_INTERVAL_S:
             self._publish_metrics()

@@ -238,7 +238,7 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self._cleanup()
-                raise ServerError(f"tritonserver exited with code {self.process.returncode}{self._log_hint()}")
+                raise ServerError(f"tritonserver exited with code {self.process.returncode}{self.log_excerpt()}")
             while urls and _answers(urls[0]):
                 urls.pop(0)
             if not urls:
@@ -246,7 +246,7 @@ class TritonServer:
                 return
             time.sleep(0.25)
         self.kill()
-        raise ServerError(f"tritonserver not ready after {timeout:.0f}s{self._log_hint()}")
+        raise ServerError(f"tritonserver not ready after {timeout:.0f}s{self.log_excerpt()}")
 
     def stub_pids(self) -> set[int]:
         """The live Python backend stubs (one per model instance) of this server (a dead stub stays a zombie
@@ -302,13 +302,16 @@ class TritonServer:
         if self._run_dir is not None:
             shutil.rmtree(self._run_dir, ignore_errors=True)
 
-    def _log_hint(self) -> str:
+    def log_excerpt(self) -> str:
+        """The log's error lines and last lines (empty without a log file), for a failure message."""
         if not self.log_file or not self.log_file.exists():
             return ""
         lines = self.log_file.read_text(errors="replace").splitlines()
         errors = [line for line in lines if line.startswith("E1") or "Error" in line][:10]
+        # shutdown counts its exit timeout down once a second: keep the lines that say what happened
+        last = [line for line in lines if ": Found " not in line][-15:]
         return ("\n--- server log: errors ---\n" + "\n".join(errors) +
-                "\n--- server log: last lines ---\n" + "\n".join(lines[-15:]))
+                "\n--- server log: last lines ---\n" + "\n".join(last))
 
     def __enter__(self) -> "TritonServer":
         return self.start()

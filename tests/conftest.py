@@ -102,4 +102,4 @@ def server(tmp_path_factory, tiny_model, gqa_model):
     srv.start()
     yield srv
     code = srv.stop()
-    assert code == 0, f"tritonserver exited with {code}; log: {log}"
+    assert code == 0, f"tritonserver exited with {code}; log: {log}{srv.log_excerpt()}"

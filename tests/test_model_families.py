@@ -153,4 +153,5 @@ def test_families_through_the_server_one_at_a_time_and_16_concurrent(tmp_path_fa
                 t.join()
             assert [r.ids for r in results] == wants, name
     finally:
-        assert server.stop() == 0
+        code = server.stop()
+        assert code == 0, f"tritonserver exited with {code}{server.log_excerpt()}"

@@ -30,7 +30,8 @@ def policy_server(tmp_path_factory, tiny_model):
     srv = TritonServer(root, free_port(), free_port(), free_port(), log_file=log)
     srv.start()
     yield srv
-    assert srv.stop() == 0, f"tritonserver did not stop cleanly; log: {log}"
+    code = srv.stop()
+    assert code == 0, f"tritonserver exited with {code}; log: {log}{srv.log_excerpt()}"
 
 
 @pytest.fixture(scope="module")
