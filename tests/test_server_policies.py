@@ -6,7 +6,7 @@ import time
 import pytest
 
 from inflight_backend.server import TritonServer
-from tests.conftest import Oracle, free_port, model_config, write_repository
+from tests.conftest import Oracle, assert_stopped_cleanly, free_port, model_config, write_repository
 from tests.triton_helpers import grpc_generate, metric, metrics, wait_for_metric
 
 pytestmark = pytest.mark.server
@@ -30,8 +30,7 @@ def policy_server(tmp_path_factory, tiny_model):
     srv = TritonServer(root, free_port(), free_port(), free_port(), log_file=log)
     srv.start()
     yield srv
-    code = srv.stop()
-    assert code == 0, f"tritonserver exited with {code}; log: {log}{srv.log_excerpt()}"
+    assert_stopped_cleanly(srv, srv.stop(), list(POLICY_MODELS))
 
 
 @pytest.fixture(scope="module")
