@@ -15,6 +15,9 @@ prompt tokens forced to --output-len output tokens (min_tokens), all submitted a
 - grpc: a real tritonserver; --clients client processes, each with one gRPC stream carrying its share of the
   requests, reading `output_ids` only.
 - http: the same server; --clients processes, each with one thread per request on /generate_stream (SSE).
+- grpc-batched: as grpc, to a second model in TensorRT-LLM's batched layout (max_batch_size = the most streams)
+  with Triton's dynamic batcher (no queue delay): execute() takes every request queued while the last call ran,
+  where the unbatched model takes them one at a time.
 
 For Triton transports: tokens/s over the wall time from the first request to the last final response, and CPU
 seconds per 1,000 tokens of tritonserver, of the model's stub process, and of the clients (all processes share
@@ -100,7 +103,9 @@ def in_process(checkpoint: str, streams: int, prompt_len: int, output_len: int, 
 
 # --- clients, one process each (spawned: no inherited threads or gRPC state) ---
 
-def _grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: int, start, result_queue) -> None:
+def _grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: int, start, result_queue,
+                 batched: bool = False) -> None:
+    """`batched`: to the batched-layout model (every input with a leading batch dimension of 1)."""
     import numpy as np
     import tritonclient.grpc as grpcclient
 
@@ -129,7 +134,10 @@ def _grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: i
                 if remaining[0] == 0:
                     done.set()
 
-    tensor = grpc_input
+    def tensor(name, array, dtype):
+        return grpc_input(name, array.reshape(1, -1) if batched else array, dtype)
+
+    model = "bench_batched" if batched else "bench"
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
     client.start_stream(callback=callback)
     n = np.array([output_len], dtype=np.int32)
@@ -142,7 +150,7 @@ def _grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: i
     if not bodies:
         done.set()
     for rid, inputs in bodies:
-        client.async_stream_infer("bench", inputs, request_id=rid, outputs=wanted, enable_empty_final_response=True)
+        client.async_stream_infer(model, inputs, request_id=rid, outputs=wanted, enable_empty_final_response=True)
     done.wait()
     end = time.perf_counter()
     client.stop_stream()
@@ -190,19 +198,24 @@ def through_triton(server, transport: str, streams: int, prompt_len: int, output
     ctx = mp.get_context("spawn")
     start, results = ctx.Event(), ctx.Queue()
     requests = [(str(i), ids) for i, ids in enumerate(prompts(streams, prompt_len, vocab))]
-    target = _grpc_client if transport == "grpc" else _http_client
-    port = server.grpc_port if transport == "grpc" else server.http_port
-    procs = [ctx.Process(target=target, args=(port, requests[c::clients], output_len, start, results))
+    grpc = transport.startswith("grpc")
+    target = _grpc_client if grpc else _http_client
+    port = server.grpc_port if grpc else server.http_port
+    extra = (transport == "grpc-batched",) if grpc else ()
+    procs = [ctx.Process(target=target, args=(port, requests[c::clients], output_len, start, results, *extra))
              for c in range(clients)]
     for p in procs:
         p.start()
     time.sleep(2.0)  # clients imported and connected
+    model = "bench_batched" if transport == "grpc-batched" else "bench"
+    calls_before = _executions(server, model)
     before = server_cpu(server)
     t0 = time.perf_counter()
     start.set()
     outs = [results.get(timeout=900) for _ in procs]
     wall = max(o["end"] for o in outs) - t0
     after = server_cpu(server)
+    executions = _executions(server, model) - calls_before
     for p in procs:
         p.join()
     tokens = sum(o["tokens"] for o in outs)
@@ -212,8 +225,16 @@ def through_triton(server, transport: str, streams: int, prompt_len: int, output
     cpu["client"] = sum(o["cpu"] for o in outs)
     return {"tokens": tokens, "expected_tokens": streams * output_len, "seconds": wall, "tokens_per_s": tokens / wall,
             "cpu_ms_per_1k": {k: 1e6 * v / max(tokens, 1) for k, v in cpu.items()},
-            "cpu_share": {k: v / wall for k, v in cpu.items()}, "errors": errors[:3],
+            "cpu_share": {k: v / wall for k, v in cpu.items()}, "errors": errors[:3], "executions": executions,
             "itl_p50_ms": 1000 * gaps[len(gaps) // 2] if gaps else None}
+
+
+def _executions(server, model: str) -> int:
+    """How many execute() calls Triton has made on `model` so far (its statistics extension)."""
+    from urllib.request import urlopen
+
+    with urlopen(f"http://127.0.0.1:{server.http_port}/v2/models/{model}/stats", timeout=30) as reply:
+        return int(json.load(reply)["model_stats"][0].get("execution_count", 0))
 
 
 def measure(args) -> dict:
@@ -245,7 +266,11 @@ def _measure_once(args) -> dict:
 
         workdir = ROOT / "build" / "serving_ceiling"
         params = {**engine_params(max(args.streams), args.prompt_len, args.output_len), **EXTRA}
-        repo = write_repository(workdir / "repo", {"bench": model_config(args.checkpoint, "bench", **params)})
+        models = {"bench": model_config(args.checkpoint, "bench", **params)}
+        if "grpc-batched" in remote:
+            models["bench_batched"] = model_config(args.checkpoint, "bench_batched", max(args.streams),
+                                                   dynamic_batching="", **params)
+        repo = write_repository(workdir / "repo", models)
         server = TritonServer(repo, free_port(), free_port(), free_port(), log_file=workdir / "tritonserver.log")
         server.start()
         try:
@@ -342,7 +367,7 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--transports", nargs="+", default=["inprocess", "inprocess-ids", "grpc", "http"],
-                        choices=[*IN_PROCESS, "grpc", "http"])
+                        choices=[*IN_PROCESS, "grpc", "grpc-batched", "http"])
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1, help="rounds; tables show each row's median round")
     parser.add_argument("--engine", default="null", choices=["null", "pytorch"],
@@ -372,7 +397,10 @@ def main(argv=None) -> None:
             if run["transport"] in IN_PROCESS:
                 split = ", ".join(f"{k} {v:.3f}" for k, v in run["split_ms"].items())
                 print(f"{r['commit']} {run['transport']} {run['streams']}: {run['step_ms']:.3f} ms a step ({split} ms)")
-            elif run.get("itl_p50_ms") is not None and run["streams"] == 1:
+            elif run.get("executions"):
+                print(f"{r['commit']} {run['transport']} {run['streams']}: {run['executions']} execute() calls for "
+                      f"{run['streams']} requests")
+            if run.get("itl_p50_ms") is not None and run["streams"] == 1:
                 print(f"{r['commit']} {run['transport']} 1 stream: inter-token gap p50 {run['itl_p50_ms']:.3f} ms")
             if run["transport"] not in IN_PROCESS and (run.get("errors") or run["tokens"] != run["expected_tokens"]):
                 print(f"{r['commit']} {run['transport']} {run['streams']}: {run['tokens']} of "

@@ -50,6 +50,8 @@ class TritonPythonModel:
         for name, (dtype, dims) in declared_io.all_inputs().items():
             if name not in have_inputs:
                 config.add_input({"name": name, "data_type": dtype, "dims": dims, "optional": True})
+        if declared.get("max_batch_size", 0) > 0:
+            _allow_ragged_batches(config, have_inputs)
         for name, (dtype, dims) in declared_io.all_outputs().items():
             if name not in have_outputs:
                 config.add_output({"name": name, "data_type": dtype, "dims": dims})
@@ -61,9 +63,9 @@ class TritonPythonModel:
         self.config = EngineConfig.from_parameters(params, base_dir=args["model_repository"])
         self.batched = model_config.get("max_batch_size", 0) > 0
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
-        if model_config.get("dynamic_batching") is not None:
-            raise pb_utils.TritonModelException("inflight: remove dynamic_batching from config.pbtxt: the backend "
-                                                "batches every iteration itself")
+        # Triton's dynamic batcher hands execute() every request queued while the last call ran (each keeps its own
+        # response sender): intake amortised over a burst. The backend still batches every iteration itself.
+        self._intake = _intake(model_config)
         self._name = args["model_name"]
         self.metrics = TritonMetrics(pb_utils, self._name)
         self._sequences: dict[str, Sequence] = {}
@@ -88,7 +90,8 @@ class TritonPythonModel:
         layout = "TensorRT-LLM batched" if self.batched else "unbatched"
         pb_utils.Logger.log_info(
             f"inflight: model {args['model_name']} ready ({layout} layout, "
-            f"{'decoupled' if self.decoupled else 'unary'}): {self.config} on {self.config.resolved_device()}, "
+            f"{'decoupled' if self.decoupled else 'unary'}, {self._intake}): {self.config} on "
+            f"{self.config.resolved_device()}, "
             f"{self.loop.describe()}; prompts up to {self.limits.max_bytes} bytes and "
             f"{self.limits.max_tokens} tokens")
 
@@ -318,6 +321,30 @@ class TritonPythonModel:
             if _TRACE_CANCELS and out.finish_reason == "cancelled" and times is not None:
                 print(f"inflight-trace: cancelled: prompt {out.num_input_tokens} tokens, ended at {times.finished:.6f}",
                       file=sys.stderr, flush=True)
+
+
+def _allow_ragged_batches(config, declared: set[str]) -> None:
+    """Mark the inputs we declared `allow_ragged_batch`, so that Triton's dynamic batcher joins requests whose
+    prompts differ in length (without it, only requests of equal shapes share an execute(); each request keeps
+    its own tensors either way). python_backend 2.51's add_input takes four keys only; the stub sends this dict
+    back to Triton as the completed config."""
+    for entry in getattr(config, "_model_config", {}).get("input", []):
+        if entry["name"] not in declared:
+            entry["allow_ragged_batch"] = True
+
+
+def _intake(model_config: dict) -> str:
+    """How Triton hands requests to execute(), for the ready line: one at a time, or Triton's dynamic batcher
+    (only with max_batch_size > 0: TensorRT-LLM's batched layout, whose configs carry it)."""
+    batching = model_config.get("dynamic_batching")
+    if batching is None:
+        return "one request per execute"
+    if model_config.get("max_batch_size", 0) <= 0:
+        raise pb_utils.TritonModelException("inflight: dynamic_batching needs max_batch_size > 0 (TensorRT-LLM's "
+                                            "batched layout); remove it, or set max_batch_size")
+    delay = int(batching.get("max_queue_delay_microseconds", 0) or 0)
+    return (f"dynamic batching: up to max_batch_size requests per execute, each held at most {delay} us"
+            if delay else "dynamic batching: every request queued per execute, none held")
 
 
 def _inputs(request) -> Callable[[str], np.ndarray | None]:

@@ -10,10 +10,11 @@ TEMPLATE = PROJECT_ROOT / "model_repository" / "llm" / "config.pbtxt"
 
 
 def model_config(checkpoint: str, name: str, triton_max_batch_size: int = 0, decoupled: bool = True,
-                 **params) -> str:
+                 dynamic_batching: str | None = None, **params) -> str:
     """The shipped model_repository/llm/config.pbtxt with its name, checkpoint (made absolute: relative paths
     would be read from the model's directory) and the given parameters set. `triton_max_batch_size` > 0:
-    TensorRT-LLM's batched request layout; `decoupled` False: a model for unary calls."""
+    TensorRT-LLM's batched request layout; `decoupled` False: a model for unary calls; `dynamic_batching`: the
+    body of a `dynamic_batching { ... }` block ("" for Triton's defaults), None for none."""
     text = TEMPLATE.read_text().replace('name: "llm"', f'name: "{name}"')
     text = text.replace("max_batch_size: 0", f"max_batch_size: {triton_max_batch_size}")
     text = text.replace("decoupled: true", f"decoupled: {str(decoupled).lower()}")
@@ -23,6 +24,8 @@ def model_config(checkpoint: str, name: str, triton_max_batch_size: int = 0, dec
         text, count = re.subn(pattern, line.replace("\\", "\\\\"), text)
         if not count:
             text += line + "\n"
+    if dynamic_batching is not None:
+        text += f"dynamic_batching {{ {dynamic_batching} }}\n"
     return text
 
 

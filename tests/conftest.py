@@ -89,20 +89,25 @@ def server(tmp_path_factory, tiny_model, gqa_model):
     """One tritonserver for the end-to-end tests, serving:
     llm (default tiny model, native attention kernels), llm_gqa (second checkpoint, torch reference attention),
     llm_small_pool (8 KV blocks of 16 tokens), ensemble and tensorrt_llm (the default model in TensorRT-LLM's
-    batched layout, decoupled and not)."""
+    batched layout, decoupled and not, with Triton's dynamic batcher as shipped), llm_dynamic (the same layout,
+    decoupled, its dynamic batcher holding requests up to 0.5 s until 4 are queued)."""
     root = tmp_path_factory.mktemp("repo")
     write_repository(root, {
         "llm": model_config(tiny_model, "llm"),
         "llm_gqa": model_config(gqa_model, "llm_gqa", block_size=8, max_num_tokens=512, attention_backend="torch"),
         "llm_small_pool": model_config(tiny_model, "llm_small_pool", num_kv_blocks=8, max_batch_size=4),
-        "ensemble": model_config(tiny_model, "ensemble", triton_max_batch_size=64),
-        "tensorrt_llm": model_config(tiny_model, "tensorrt_llm", triton_max_batch_size=64, decoupled=False),
+        "ensemble": model_config(tiny_model, "ensemble", triton_max_batch_size=64, dynamic_batching=""),
+        "tensorrt_llm": model_config(tiny_model, "tensorrt_llm", triton_max_batch_size=64, decoupled=False,
+                                     dynamic_batching=""),
+        "llm_dynamic": model_config(tiny_model, "llm_dynamic", triton_max_batch_size=8, dynamic_batching=(
+            "preferred_batch_size: [4] max_queue_delay_microseconds: 500000")),
     })
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     srv = TritonServer(root, free_port(), free_port(), free_port(), log_file=log)
     srv.start()
     yield srv
-    assert_stopped_cleanly(srv, srv.stop(), ["llm", "llm_gqa", "llm_small_pool", "ensemble", "tensorrt_llm"])
+    assert_stopped_cleanly(srv, srv.stop(), ["llm", "llm_gqa", "llm_small_pool", "ensemble", "tensorrt_llm",
+                                            "llm_dynamic"])
 
 
 def assert_stopped_cleanly(srv: TritonServer, code: int | None, models: list[str]) -> None:

@@ -12,7 +12,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from inflight_backend.make_model import byte_level_tokenizer
-from tests.conftest import Oracle
+from inflight_backend.server import ServerError, TritonServer
+from tests.conftest import Oracle, free_port, model_config, write_repository
 from tests.triton_helpers import http_post, metric
 
 pytestmark = pytest.mark.server
@@ -314,3 +315,48 @@ def test_http_infer_and_generate_on_the_batched_models(server, oracle):
     status, body = http_post(server.http_port, "/v2/models/tensorrt_llm/generate",
                              {"text_input": PROMPT, "max_token": 10})
     assert "max_token" in body and status != 200
+
+
+def test_the_dynamic_batcher_hands_execute_several_requests_each_its_own_stream(server, oracle, oracle_cases):
+    """TensorRT-LLM's configs carry `dynamic_batching`: Triton then hands execute() several queued requests at
+    once (llm_dynamic holds them until 4 are there). Triton counts fewer executions than requests, and each
+    request is still its own stream: transformers' tokens, one FINAL."""
+    cases = oracle_cases[4:8]
+    client = grpcclient.InferenceServerClient(url(server))
+
+    def counts():
+        stats = client.get_inference_statistics("llm_dynamic", as_json=True)["model_stats"][0]
+        return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
+
+    before = counts()
+    results: queue.SimpleQueue = queue.SimpleQueue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    for i, (ids, n) in enumerate(cases):
+        client.async_stream_infer("llm_dynamic", core_inputs(ids, n, streaming=True), request_id=str(i),
+                                  enable_empty_final_response=True)
+    tokens, finals = {i: [] for i in range(len(cases))}, {i: 0 for i in range(len(cases))}
+    while sum(finals.values()) < len(cases):
+        result, error = results.get(timeout=120)
+        assert error is None, error
+        response = result.get_response()
+        i = int(response.id)
+        ids = result.as_numpy("output_ids")
+        if ids is not None:
+            tokens[i] += list(ids[0][0][:result.as_numpy("sequence_length")[0][0]])
+        finals[i] += response.parameters["triton_final_response"].bool_param
+    client.stop_stream()
+    inferences, executions = (after - was for after, was in zip(counts(), before))
+    client.close()
+    assert [tokens[i] for i in range(len(cases))] == [greedy(oracle, ids, n) for ids, n in cases]
+    assert all(count == 1 for count in finals.values())
+    assert inferences == len(cases) and executions < inferences
+
+
+def test_a_dynamic_batcher_on_the_unbatched_layout_is_refused_at_load(tmp_path, tiny_model):
+    """With max_batch_size 0 Triton itself would accept it; the backend names what to change."""
+    repo = write_repository(tmp_path / "repo", {"unbatched": model_config(tiny_model, "unbatched",
+                                                                          dynamic_batching="")})
+    server = TritonServer(repo, free_port(), free_port(), free_port(), log_file=tmp_path / "tritonserver.log")
+    with pytest.raises(ServerError):
+        server.start()
+    assert "dynamic_batching needs max_batch_size > 0" in (tmp_path / "tritonserver.log").read_text()
