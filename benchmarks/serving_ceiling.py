@@ -103,8 +103,8 @@ def in_process(checkpoint: str, streams: int, prompt_len: int, output_len: int, 
 
 # --- clients, one process each (spawned: no inherited threads or gRPC state) ---
 
-def _grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: int, start, result_queue,
-                 batched: bool = False) -> None:
+def _grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: int, ready, start,
+                 result_queue, batched: bool = False) -> None:
     """`batched`: to the batched-layout model (every input with a leading batch dimension of 1)."""
     import numpy as np
     import tritonclient.grpc as grpcclient
@@ -146,6 +146,7 @@ def _grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: i
               for rid, ids in requests]
     wanted = [grpcclient.InferRequestedOutput("output_ids")]
     cpu = time.process_time()
+    ready.wait()
     start.wait()
     if not bodies:
         done.set()
@@ -159,7 +160,8 @@ def _grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: i
                       "gaps": gaps})
 
 
-def _http_client(port: int, requests: list[tuple[str, list[int]]], output_len: int, start, result_queue) -> None:
+def _http_client(port: int, requests: list[tuple[str, list[int]]], output_len: int, ready, start,
+                 result_queue) -> None:
     import http.client
 
     tokens, errors, lock = [0], [], threading.Lock()
@@ -184,6 +186,7 @@ def _http_client(port: int, requests: list[tuple[str, list[int]]], output_len: i
 
     threads = [threading.Thread(target=one, args=(ids,)) for _, ids in requests]
     cpu = time.process_time()
+    ready.wait()
     start.wait()
     for t in threads:
         t.start()
@@ -196,17 +199,20 @@ def _http_client(port: int, requests: list[tuple[str, list[int]]], output_len: i
 def through_triton(server, transport: str, streams: int, prompt_len: int, output_len: int, clients: int,
                    vocab: int) -> dict:
     ctx = mp.get_context("spawn")
-    start, results = ctx.Event(), ctx.Queue()
+    # every client imported, connected and holding its requests before the clock starts (a fixed sleep was too
+    # short for 8 spawned clients on 2 cores: their imports ran into the timed run)
+    ready, start, results = ctx.Barrier(clients + 1), ctx.Event(), ctx.Queue()
     requests = [(str(i), ids) for i, ids in enumerate(prompts(streams, prompt_len, vocab))]
     grpc = transport.startswith("grpc")
     target = _grpc_client if grpc else _http_client
     port = server.grpc_port if grpc else server.http_port
     extra = (transport == "grpc-batched",) if grpc else ()
-    procs = [ctx.Process(target=target, args=(port, requests[c::clients], output_len, start, results, *extra))
+    procs = [ctx.Process(target=target,
+                         args=(port, requests[c::clients], output_len, ready, start, results, *extra))
              for c in range(clients)]
     for p in procs:
         p.start()
-    time.sleep(2.0)  # clients imported and connected
+    ready.wait(timeout=300)
     model = "bench_batched" if transport == "grpc-batched" else "bench"
     calls_before = _executions(server, model)
     before = server_cpu(server)
