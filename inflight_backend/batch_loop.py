@@ -5,7 +5,9 @@ the engine itself stays single-threaded and a step never sees its blocks freed u
 pure calls below (tokenize, validate, describe), which read nothing a step changes. Outputs go to a second
 thread, so sending responses never delays the next step; when that thread falls behind, it takes every step's
 outputs waiting at once and merges each stream's into one (coalesce.py): one response per stream per turn,
-however many tokens it carries.
+however many tokens it carries. Steps compute on the engine thread only: the thread that builds the loop (the
+one that loaded the model) gives its OpenMP pool back (openmp_pool.py), so the engine thread's workers spin
+between a step's parallel regions instead of sleeping through each.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import time
 import traceback
 from typing import Callable
 
+from . import openmp_pool
 from .block_manager import blocks_for
 from .coalesce import coalesce
 from .engine import InflightEngine, RequestError, RequestOutput
@@ -30,7 +33,8 @@ _STOP_TIMEOUT_S = 10.0  # both threads, in all: well inside Triton's default exi
 
 
 class BatchLoop:
-    """Drives `engine` on a background thread; `emit(outputs, stats)` runs on the responder thread."""
+    """Drives `engine` on a background thread; `emit(outputs, stats)` runs on the responder thread. Frees the
+    calling thread's OpenMP pool (another region on that thread makes a new one, and slows the steps again)."""
 
     def __init__(self, engine: InflightEngine, emit: Emit, on_idle: Callable[[], None] | None = None) -> None:
         self.engine = engine
@@ -42,6 +46,7 @@ class BatchLoop:
         self._pending_lock = threading.Lock()
         self._drain_message: str | None = None  # engine thread only: once set, every request ends with it
         self._closed = False  # set by stop(): emit is never called again
+        openmp_pool.give_back()
         self._threads = [threading.Thread(target=self._run_engine, name="inflight-engine", daemon=True),
                          threading.Thread(target=self._run_responder, name="inflight-responder", daemon=True)]
         for thread in self._threads:
