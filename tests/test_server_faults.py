@@ -113,13 +113,13 @@ def line(result, error, i):  # one write per response ("token 3"): lines never m
     else:
         kind = "final" if result.get_response().parameters["triton_final_response"].bool_param else "token"
     return f"{kind} {i}\\n".encode()
-clients = []
-for i in range(n):
-    c = grpcclient.InferenceServerClient(url)
+clients = [grpcclient.InferenceServerClient(url) for i in range(n)]
+for i, c in enumerate(clients):
     c.start_stream(callback=lambda result, error, i=i: os.write(1, line(result, error, i)))
-    c.async_stream_infer("llm", infer_inputs({"text_input": f"killed {i}", "max_tokens": max_tokens,
-                                              "min_tokens": max_tokens, "stream": True}))
-    clients.append(c)
+requests = [infer_inputs({"text_input": f"killed {i}", "max_tokens": max_tokens, "min_tokens": max_tokens,
+                          "stream": True}) for i in range(n)]
+for c, inputs in zip(clients, requests):  # sent together: on a loaded machine, slow set-up between requests
+    c.async_stream_infer("llm", inputs)   # let the first ones finish before the last began
 time.sleep(600)
 """
 
@@ -131,8 +131,8 @@ def test_a_killed_client_stops_its_requests(server):
     Not all are marked: Triton 2.51's gRPC frontend sometimes misses the cancellation of some of a dead client's
     streams that shared one connection (its verbose log then shows fewer "Issuing cancellation" lines than
     streams), and no other signal reaches a Python model (send() to a dead stream succeeds). Those run to
-    max_tokens, kept short here."""
-    model, port, n, max_tokens = "llm", server.metrics_port, 6, 300
+    max_tokens, kept short here (yet long enough that none ends before the last has begun; 6 fit the pool)."""
+    model, port, n, max_tokens = "llm", server.metrics_port, 6, 1000
     before = {r: metric(port, "inflight_requests_finished_total", model, reason=r) for r in REASONS}
     client = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, url(server), str(n), str(max_tokens)],
                               stdout=subprocess.PIPE, cwd=os.path.dirname(os.path.dirname(__file__)))
