@@ -1,7 +1,7 @@
 """Loading a real-size checkpoint: time and memory of `checkpoint.load_model` on a Llama-3.2-1B-shaped model.
 
-    .venv/bin/python benchmarks/load_checkpoint.py [--checkpoint build/models/llama-1b-shape] [--dtypes float32 bfloat16]
-                                                   [--linear-backends auto torch native]
+    .venv/bin/python benchmarks/load_checkpoint.py [--checkpoint build/models/llama-1b-shape]
+        [--dtypes float32 bfloat16] [--linear-backends auto torch native]
 
 Writes the checkpoint first if it is missing: Llama 3.2 1B's shapes (16 layers, 2048 wide, 32 heads / 8 KV heads,
 MLP 8192, vocabulary 128,256, tied embeddings, Llama 3 rope scaling; 1.24B parameters) with random bfloat16

@@ -212,7 +212,8 @@ def table(runs: list[dict]) -> str:
     head = ("| target | load | out tok/s | req/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | E2E p99 (s) | "
             "overhead | preempt | prefix hit |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = [f"| {r['target']}{_round(r)} | {r['load']} | {r['output_tokens_per_s']:.1f} | {r['requests_per_s']:.2f} | "
-            f"{r['ttft_p50_s']:.2f} / {r['ttft_p99_s']:.2f} | {r['itl_p50_s'] * 1e3:.1f} / {r['itl_p99_s'] * 1e3:.1f} | "
+            f"{r['ttft_p50_s']:.2f} / {r['ttft_p99_s']:.2f} | "
+            f"{r['itl_p50_s'] * 1e3:.1f} / {r['itl_p99_s'] * 1e3:.1f} | "
             f"{r['e2e_p99_s']:.2f} | {_pct(r.get('overhead_fraction'))} | {r.get('preemptions', '')} | "
             f"{_pct(_hit_rate(r))} |" for r in runs]
     return "\n".join([head, *rows])

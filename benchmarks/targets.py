@@ -97,7 +97,8 @@ class EngineTarget:
             sub.run(lambda i: loop.submit(str(i), items[i].prompt_ids, _forced(items[i].output_len)))
         finally:
             loop.stop()
-        return records, {**_engine_extra(self.engine, before), "cpu_seconds": {"process": time.process_time() - cpu_before}}
+        cpu = {"process": time.process_time() - cpu_before}
+        return records, {**_engine_extra(self.engine, before), "cpu_seconds": cpu}
 
     def greedy_ids(self, prompt_ids: list[int], n: int) -> list[int]:
         """At most `n` greedy tokens for one prompt, the engine alone (call between runs)."""

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from . import openmp_pool
 from .block_manager import blocks_for

@@ -23,7 +23,7 @@ class Call:
     parts: list = field(default_factory=list)  # unary: each finished sequence's tensors
     error: str | None = None  # unary: the first sequence error (the one response carries it)
     pad_id: int = 0
-    closed: bool = False  # its FINAL is about to go or went: never ask is_cancelled() again (see model.py's _asks_cancelled)
+    closed: bool = False  # its FINAL is about to go or went: never ask is_cancelled() again (model._asks_cancelled)
 
 
 @dataclass(slots=True, eq=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 Senders = Callable[[], "list[tuple[str, Callable[[], bool]]]"]
 

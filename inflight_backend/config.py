@@ -79,7 +79,7 @@ class EngineConfig:
         _check(self.cache_aware_admission_ms >= 0, "cache_aware_admission_ms must be >= 0")
 
     @classmethod
-    def from_parameters(cls, params: dict[str, str], base_dir: str = ".") -> "EngineConfig":
+    def from_parameters(cls, params: dict[str, str], base_dir: str = ".") -> EngineConfig:
         """Build from string parameters (config.pbtxt); a relative checkpoint path is taken from `base_dir`."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(params) - set(fields))

@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 from functools import partial
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

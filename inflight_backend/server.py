@@ -214,7 +214,7 @@ class TritonServer:
             args += [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
         return args + list(self.extra_args)
 
-    def start(self, timeout: float = 180.0) -> "TritonServer":
+    def start(self, timeout: float = 180.0) -> TritonServer:
         if not self.model_repository.is_dir():
             raise ServerError(f"model repository {self.model_repository} does not exist")
         check_ports_free(self.host, (self.http_port, self.grpc_port, self.metrics_port))
@@ -313,7 +313,7 @@ class TritonServer:
         return ("\n--- server log: errors ---\n" + "\n".join(errors) +
                 "\n--- server log: last lines ---\n" + "\n".join(last))
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

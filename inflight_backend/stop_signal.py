@@ -25,7 +25,7 @@ class StopSignal:
         self.server_pid = server_pid if server_pid is not None else os.getppid()
 
     @classmethod
-    def from_environment(cls) -> "StopSignal":
+    def from_environment(cls) -> StopSignal:
         pid = os.environ.get(SUPERVISOR_ENV)
         return cls(os.environ.get(STOP_FILE_ENV) or None, int(pid) if pid else None)
 

@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .server import ServerError, TritonServer
 

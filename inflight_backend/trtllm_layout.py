@@ -6,7 +6,7 @@ that row's arrays, so each row is parsed exactly as an unbatched request (`proto
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

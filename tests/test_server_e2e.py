@@ -152,7 +152,8 @@ def test_steps_are_shared_and_a_late_request_is_served_at_once(server):
 
 
 def test_cli_generate_streams_the_completion(server):
-    cli = [sys.executable, "-m", "inflight_backend.cli", "generate", "Hello", "--max-tokens", "12", "--url", url(server)]
+    cli = [sys.executable, "-m", "inflight_backend.cli", "generate", "Hello", "--max-tokens", "12",
+           "--url", url(server)]
     done = subprocess.run(cli, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
     expected = grpc_generate(url(server), "llm", {"text_input": "Hello", "max_tokens": 12, "stream": True})

@@ -30,7 +30,7 @@ class StepInputs:
     block_tables: list[list[int]] = field(default_factory=list)  # padded with 0 to the widest
 
     @classmethod
-    def build(cls, output: SchedulerOutput, block_size: int) -> "StepInputs":
+    def build(cls, output: SchedulerOutput, block_size: int) -> StepInputs:
         step = cls()
         for item in output.scheduled:
             req, start = item.request, item.request.num_computed_tokens

@@ -39,7 +39,7 @@ class LlamaConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     @classmethod
-    def from_hf(cls, cfg: dict) -> "LlamaConfig":
+    def from_hf(cls, cfg: dict) -> LlamaConfig:
         """From a Hugging Face config.json dict (rope settings at top level or under `rope_parameters`)."""
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r} (Llama uses silu)")

@@ -96,7 +96,8 @@ def build_engine(spec: EngineSpec, out_dir: str | Path) -> dict:
     description = {"spec": asdict(spec), "tensorrt": f"{trt.__name__} {trt.__version__}",
                    "num_plugin_layers": len(plugin_layers(trt, network)),
                    "plugin_layers": describe_plugin_layers(trt, network),
-                   "num_layers": network.num_layers, "io": _io(trt, network), "profile": {k: list(map(list, v)) for k, v in shapes.items()},
+                   "num_layers": network.num_layers, "io": _io(trt, network),
+                   "profile": {k: list(map(list, v)) for k, v in shapes.items()},
                    "plan_bytes": len(bytes(plan))}
     (out / "engine.json").write_text(json.dumps(description, indent=2))
     return description

@@ -39,7 +39,8 @@ def kernel_params(f: PluginFields, dims: list[tuple[int, ...]], pa_dtype: int) -
         num_seqs=num_seqs, num_tokens=num_tokens, num_heads=f.num_heads, num_kv_heads=f.num_kv_heads,
         head_size=f.head_size, block_size=f.block_size, max_blocks_per_seq=max_blocks,
         max_context_len=max_blocks * f.block_size,  # an upper bound: the lengths themselves live on the device
-        scale=f.scale, dtype=pa_dtype, sliding_window=f.sliding_window, q_stride_token=f.num_heads * f.head_size, q_stride_head=f.head_size,
+        scale=f.scale, dtype=pa_dtype, sliding_window=f.sliding_window,
+        q_stride_token=f.num_heads * f.head_size, q_stride_head=f.head_size,
         out_stride_token=f.num_heads * f.head_size, out_stride_head=f.head_size,
         kv_stride_block=f.block_size * row, kv_stride_token=row, kv_stride_head=f.head_size)
 
