@@ -75,10 +75,7 @@ class InflightEngine:
         num_blocks = config.num_kv_blocks or config.max_batch_size * blocks_for(self.max_model_len,
                                                                                  config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_kv_cache_reuse)
-        self.scheduler = Scheduler(SchedulerConfig(
-            config.max_batch_size, config.max_num_tokens, config.enable_chunked_prefill, config.batching_policy,
-            config.capacity_policy, config.max_queue_delay_ms / 1000.0, config.priority_aging_s,
-            config.max_chunk_tokens, config.cache_aware_admission_ms / 1000.0), self.blocks)
+        self.scheduler = Scheduler(SchedulerConfig.from_engine_config(config), self.blocks)
         self.runner = runner or _make_runner(config, num_blocks, self.model_config)
         self.sampler = Sampler()
         self.stats = EngineStats(kv_blocks_total=num_blocks)

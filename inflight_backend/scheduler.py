@@ -13,9 +13,8 @@ import time
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager, blocks_for
+from .config import BATCHING_POLICIES as POLICIES, CAPACITY_POLICIES, EngineConfig
 from .request import Request, RequestStatus
-
-from .config import BATCHING_POLICIES as POLICIES, CAPACITY_POLICIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +28,15 @@ class SchedulerConfig:
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds
     max_chunk_tokens: int = 0  # chunked prefill: one request's prompt tokens per step; 0: the whole budget
     cache_aware_wait_s: float = 0.0  # > 0: longest cached prefix first among equals, for at most this long
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig) -> SchedulerConfig:
+        """The scheduling fields of a model's configuration (its milliseconds as seconds)."""
+        return cls(max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens,
+                   enable_chunked_prefill=config.enable_chunked_prefill, policy=config.batching_policy,
+                   capacity_policy=config.capacity_policy, max_queue_delay_s=config.max_queue_delay_ms / 1000.0,
+                   priority_aging_s=config.priority_aging_s, max_chunk_tokens=config.max_chunk_tokens,
+                   cache_aware_wait_s=config.cache_aware_admission_ms / 1000.0)
 
     @property
     def chunk_limit(self) -> int:

@@ -112,3 +112,15 @@ def test_random_workloads_never_leak_or_overrun():
             steps += 1
             assert steps < 2000, "a request never finished"
         assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_scheduler_config_takes_every_scheduling_field_of_the_model_config_in_seconds():
+    from inflight_backend.config import EngineConfig
+
+    engine = EngineConfig(checkpoint="unused", max_batch_size=7, max_num_tokens=96, enable_chunked_prefill=True,
+                          batching_policy="static", capacity_policy="max_utilization", max_queue_delay_ms=250.0,
+                          priority_aging_s=3.0, max_chunk_tokens=24, cache_aware_admission_ms=500.0)
+    assert SchedulerConfig.from_engine_config(engine) == SchedulerConfig(
+        max_batch_size=7, max_num_tokens=96, enable_chunked_prefill=True, policy="static",
+        capacity_policy="max_utilization", max_queue_delay_s=0.25, priority_aging_s=3.0, max_chunk_tokens=24,
+        cache_aware_wait_s=0.5)

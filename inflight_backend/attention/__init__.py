@@ -5,12 +5,12 @@ import logging
 
 import torch
 
+from ..config import ATTENTION_BACKENDS as BACKENDS
 from .base import AttentionBackend, AttentionMetadata
 from .native import NativePagedAttention, library_path, load_library
 from .torch_ref import TorchPagedAttention
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "NativePagedAttention", "TorchPagedAttention", "make_backend"]
-BACKENDS = ("auto", "native", "torch")
 log = logging.getLogger("inflight")
 
 
