@@ -36,8 +36,11 @@ class BatchLoop:
     """Drives `engine` on a background thread; `emit(outputs, stats)` runs on the responder thread. Frees the
     calling thread's OpenMP pool (another region on that thread makes a new one, and slows the steps again)."""
 
-    def __init__(self, engine: InflightEngine, emit: Emit, on_idle: Callable[[], None] | None = None) -> None:
+    def __init__(self, engine: InflightEngine, emit: Emit, on_idle: Callable[[], None] | None = None,
+                 threads: int = 0) -> None:
+        """`threads` > 0: the engine thread's steps compute on that many threads (0: torch's default)."""
         self.engine = engine
+        self.threads = threads
         self._emit = emit
         self._on_idle = on_idle or (lambda: None)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -74,7 +77,8 @@ class BatchLoop:
 
     def describe(self) -> str:
         engine = self.engine
-        return (f"{engine.blocks.num_blocks} KV blocks of {engine.blocks.block_size} tokens, "
+        threads = f", {self.threads} CPU threads" if self.threads else ""
+        return (f"{engine.blocks.num_blocks} KV blocks of {engine.blocks.block_size} tokens{threads}, "
                 f"engine: {engine.runner.describe()}")
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -109,6 +113,8 @@ class BatchLoop:
 
     def _run_engine(self) -> None:
         engine = self.engine
+        if self.threads:
+            openmp_pool.use_threads(self.threads)
         idle = True
         while True:
             outputs: list[RequestOutput] = []

@@ -47,6 +47,7 @@ class EngineConfig:
     max_prompt_bytes: int = 0  # text_input larger than this is refused before tokenizing; 0: 32 x model context
     max_prompt_tokens: int = 0  # 0: the model's context - 1
     seed: int = 0  # engine-wide seed for sampled requests that give none
+    cpu_threads: int = 0  # threads a step computes on; 0: torch's default, shared among the model's instances
 
     def __post_init__(self) -> None:
         _check(self.engine in ENGINES, f"engine must be one of {ENGINES}, got {self.engine!r}")
@@ -66,6 +67,7 @@ class EngineConfig:
         _check(self.max_chunk_tokens >= 0, f"max_chunk_tokens must be >= 0, got {self.max_chunk_tokens}")
         _check(self.default_max_tokens >= 1, "default_max_tokens must be >= 1")
         _check(self.cancel_check_interval_ms > 0, "cancel_check_interval_ms must be > 0")
+        _check(self.cpu_threads >= 0, "cpu_threads must be >= 0 (0: torch's default, shared among the instances)")
         _check(0 < self.cancel_check_max_share <= 1, "cancel_check_max_share must be in (0, 1]")
         _check(self.max_prompt_bytes >= 0, "max_prompt_bytes must be >= 0")
         _check(self.max_prompt_tokens >= 0, "max_prompt_tokens must be >= 0")
@@ -121,3 +123,10 @@ def _parse(field: dataclasses.Field, raw: str):
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def instance_count(model_config: dict) -> int:
+    """How many instances of a model Triton starts (each a stub process with its own engine), from its model
+    configuration as `initialize()` gets it (`instance_group`; none given: one)."""
+    groups = model_config.get("instance_group") or [{"count": 1}]
+    return sum(max(int(group.get("count", 1)), 1) for group in groups)

@@ -23,11 +23,12 @@ import numpy as np
 
 import triton_python_backend_utils as pb_utils
 
-from inflight_backend import calls, declared_io, gc_tuning, protocol, responses, trtllm_layout, vllm_protocol
+from inflight_backend import (calls, declared_io, gc_tuning, openmp_pool, protocol, responses, trtllm_layout,
+                              vllm_protocol)
 from inflight_backend.batch_loop import BatchLoop
 from inflight_backend.calls import Call, Sequence
 from inflight_backend.cancel_watcher import CancelWatcher
-from inflight_backend.config import EngineConfig
+from inflight_backend.config import EngineConfig, instance_count
 from inflight_backend.engine import InflightEngine, RequestOutput
 from inflight_backend.metrics import TritonMetrics
 from inflight_backend.request import QueueFull, RequestError, ServerStopping
@@ -82,7 +83,8 @@ class TritonPythonModel:
         self._drained_logged = False
         engine = InflightEngine(self.config)
         gc_tuning.for_serving()  # what exists now lives as long as the stub
-        self.loop = BatchLoop(engine, self._emit, on_idle=self._on_idle)
+        threads = self.config.cpu_threads or openmp_pool.share(instance_count(model_config))
+        self.loop = BatchLoop(engine, self._emit, on_idle=self._on_idle, threads=threads)
         self.limits = self.loop.prompt_limits()
         self._watcher = CancelWatcher(self._open_senders, self._cancel_call, self._check_stop,
                                       self.config.cancel_check_interval_ms / 1000.0,

@@ -8,7 +8,8 @@ not: a model loaded on one thread (Triton's `initialize()`, a benchmark's main t
 behind, and once the engine thread starts its own, the process holds more workers than CPUs. Every step's
 regions then wake a sleeping worker (at 32 sequences on the medium model: ~115 sleeps a step, the step 20-50%
 slower than on a process with one pool). `give_back()`, on the thread that loaded the model, frees its pool
-(OpenMP 5's `omp_pause_resource_all`), so the engine thread's is the only one.
+(OpenMP 5's `omp_pause_resource_all`), so the engine thread's is the only one. `share()` and `use_threads()`
+size that pool when several engines share the machine's cores.
 """
 from __future__ import annotations
 
@@ -17,6 +18,30 @@ import os
 
 _OMP_PAUSE_SOFT = 1
 _LIBGOMP = "libgomp.so.1"
+
+
+def share(instances: int, cpus: int | None = None) -> int:
+    """Threads for each of `instances` engines computing in their own processes on the same cores: torch's
+    default count (`cpus`) divided among them, at least one each; 0 (keep the default) for one engine.
+    Spinning OpenMP threads of several processes on the same cores wait at every barrier for a partner that
+    is not running: two engines of 2 threads each on 2 cores ran their decode steps 3.4-4.4x slower than one
+    alone (docs/PERFORMANCE.md, "Several engines on the same cores")."""
+    if instances <= 1:
+        return 0
+    if cpus is None:
+        import torch
+
+        cpus = torch.get_num_threads()
+    return max(1, cpus // instances)
+
+
+def use_threads(count: int) -> None:
+    """The calling thread's parallel regions (torch's and our kernels') use `count` threads: torch's intra-op
+    count is process-wide, OpenMP's is the calling thread's own (a thread OpenMP did not start takes the
+    process default, not another thread's setting), so the thread that computes calls this itself."""
+    import torch
+
+    torch.set_num_threads(count)
 
 
 def give_back() -> bool:

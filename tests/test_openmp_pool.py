@@ -1,4 +1,7 @@
-"""Giving back a thread's OpenMP pool: its workers exit, and the thread that builds a BatchLoop gives its own."""
+"""Giving back a thread's OpenMP pool: its workers exit, and the thread that builds a BatchLoop gives its own; the
+engine thread computes on the threads it was given."""
+import ctypes
+import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +14,7 @@ from inflight_backend import openmp_pool
 from inflight_backend.batch_loop import BatchLoop
 from inflight_backend.config import EngineConfig
 from inflight_backend.engine import InflightEngine
+from inflight_backend.request import SamplingParams
 
 # In a fresh process: a parallel torch op on the main thread makes its pool (threads - 1 workers); give_back()
 # must end those workers, and the next parallel op must make them again.
@@ -60,3 +64,45 @@ def test_the_thread_that_builds_a_batch_loop_gives_its_pool_back(tiny_model, mon
         assert callers == [threading.get_ident()]
     finally:
         assert loop.stop()
+
+
+def test_engines_sharing_the_cores_divide_torchs_threads_and_one_keeps_the_default():
+    assert openmp_pool.share(1, cpus=8) == 0
+    assert openmp_pool.share(2, cpus=8) == 4
+    assert openmp_pool.share(3, cpus=8) == 2
+    assert openmp_pool.share(4, cpus=2) == 1  # never none
+
+
+def test_instance_count_sums_the_models_instance_groups():
+    from inflight_backend.config import instance_count
+
+    assert instance_count({}) == 1
+    assert instance_count({"instance_group": [{"count": 2, "kind": "KIND_CPU"}]}) == 2
+    assert instance_count({"instance_group": [{"count": "1", "kind": "KIND_CPU"}, {"count": 3}]}) == 4
+
+
+def test_the_engine_thread_computes_on_the_threads_the_loop_was_given(tiny_model):
+    libgomp = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=16))
+    seen, step, default = [], engine.step, torch.get_num_threads()
+
+    def recording_step():
+        seen.append((torch.get_num_threads(), libgomp.omp_get_max_threads()))
+        return step()
+
+    engine.step = recording_step
+    finished = threading.Event()
+
+    def emit(outputs, stats):
+        if any(out.finished for out in outputs):
+            finished.set()
+
+    loop = BatchLoop(engine, emit, threads=1)
+    try:
+        loop.submit("r", [1, 2, 3], SamplingParams(max_tokens=3))
+        assert finished.wait(60)
+        assert seen and set(seen) == {(1, 1)}
+        assert "1 CPU threads" in loop.describe()
+    finally:
+        assert loop.stop()
+        torch.set_num_threads(default)  # process-wide: the tests after this one keep torch's default
