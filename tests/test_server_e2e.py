@@ -142,9 +142,9 @@ def test_steps_are_shared_and_a_late_request_is_served_at_once(server):
     for t in threads:
         t.join()
     assert results[7].error is None and results[7].finish_reason in ("length", "stop")
-    assert not any(r.final for r in results[:7])  # none had ended when the late one had
-    late_first = results[7].token_times[0]
-    assert all(late_first < r.token_times[-1] for r in results[:7])
+    # none had ended when the late one had: it did not wait behind their 1,000 tokens (their responses come 16
+    # tokens apart, so one may have had its last before the late one's first: no comparison of those times)
+    assert not any(r.final for r in results[:7])
     total_tokens = sum(len(r.ids) for r in results)
     assert metric(port, "inflight_steps_total", model) - steps_before < total_tokens
     # the cancelled ones free their blocks (one whose cancellation Triton missed runs its 1,000 tokens first)
