@@ -10,14 +10,16 @@ TEMPLATE = PROJECT_ROOT / "model_repository" / "llm" / "config.pbtxt"
 
 
 def model_config(checkpoint: str, name: str, triton_max_batch_size: int = 0, decoupled: bool = True,
-                 dynamic_batching: str | None = None, **params) -> str:
+                 dynamic_batching: str | None = None, instances: int = 1, **params) -> str:
     """The shipped model_repository/llm/config.pbtxt with its name, checkpoint (made absolute: relative paths
     would be read from the model's directory) and the given parameters set. `triton_max_batch_size` > 0:
     TensorRT-LLM's batched request layout; `decoupled` False: a model for unary calls; `dynamic_batching`: the
-    body of a `dynamic_batching { ... }` block ("" for Triton's defaults), None for none."""
+    body of a `dynamic_batching { ... }` block ("" for Triton's defaults), None for none; `instances`: how many
+    processes Triton starts for the model (`instance_group`'s count)."""
     text = TEMPLATE.read_text().replace('name: "llm"', f'name: "{name}"')
     text = text.replace("max_batch_size: 0", f"max_batch_size: {triton_max_batch_size}")
     text = text.replace("decoupled: true", f"decoupled: {str(decoupled).lower()}")
+    text = text.replace("instance_group [ { count: 1,", f"instance_group [ {{ count: {instances},")
     for key, value in {"checkpoint": Path(checkpoint).resolve(), **params}.items():
         line = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
         pattern = rf'parameters \{{ key: "{key}" value: \{{ string_value: "[^"]*" \}} \}}'

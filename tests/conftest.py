@@ -88,14 +88,16 @@ def model_config(checkpoint: str, name: str, **params) -> str:
 def server(tmp_path_factory, tiny_model, gqa_model):
     """One tritonserver for the end-to-end tests, serving:
     llm (default tiny model, native attention kernels), llm_gqa (second checkpoint, torch reference attention),
-    llm_small_pool (8 KV blocks of 16 tokens), ensemble and tensorrt_llm (the default model in TensorRT-LLM's
-    batched layout, decoupled and not, with Triton's dynamic batcher as shipped), llm_dynamic (the same layout,
-    decoupled, its dynamic batcher holding requests up to 0.5 s until 4 are queued)."""
+    llm_small_pool (8 KV blocks of 16 tokens), llm_two (the default model in two instances), ensemble and
+    tensorrt_llm (the default model in TensorRT-LLM's batched layout, decoupled and not, with Triton's dynamic
+    batcher as shipped), llm_dynamic (the same layout, decoupled, its dynamic batcher holding requests up to 0.5 s
+    until 4 are queued)."""
     root = tmp_path_factory.mktemp("repo")
     write_repository(root, {
         "llm": model_config(tiny_model, "llm"),
         "llm_gqa": model_config(gqa_model, "llm_gqa", block_size=8, max_num_tokens=512, attention_backend="torch"),
         "llm_small_pool": model_config(tiny_model, "llm_small_pool", num_kv_blocks=8, max_batch_size=4),
+        "llm_two": model_config(tiny_model, "llm_two", instances=2),
         "ensemble": model_config(tiny_model, "ensemble", triton_max_batch_size=64, dynamic_batching=""),
         "tensorrt_llm": model_config(tiny_model, "tensorrt_llm", triton_max_batch_size=64, decoupled=False,
                                      dynamic_batching=""),
@@ -106,8 +108,8 @@ def server(tmp_path_factory, tiny_model, gqa_model):
     srv = TritonServer(root, free_port(), free_port(), free_port(), log_file=log)
     srv.start()
     yield srv
-    assert_stopped_cleanly(srv, srv.stop(), ["llm", "llm_gqa", "llm_small_pool", "ensemble", "tensorrt_llm",
-                                            "llm_dynamic"])
+    assert_stopped_cleanly(srv, srv.stop(), ["llm", "llm_gqa", "llm_small_pool", "llm_two", "ensemble",
+                                            "tensorrt_llm", "llm_dynamic"])
 
 
 def assert_stopped_cleanly(srv: TritonServer, code: int | None, models: list[str]) -> None:

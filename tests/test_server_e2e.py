@@ -221,3 +221,17 @@ def test_a_client_that_reads_ids_only_gets_the_same_ids(server):
     ids_only = grpc_generate(url(server), "llm", values, outputs=["output_ids"])
     assert ids_only.ids == full.ids and full.text
     assert ids_only.output_names == {"output_ids"}
+
+
+def test_a_model_in_two_instances_gives_each_its_share_of_the_cores_and_the_same_tokens(server):
+    """instance_group count 2: two stub processes, each an engine on half of torch's threads (their spinning
+    OpenMP threads would otherwise outnumber the cores), both giving the default model's greedy tokens."""
+    import torch
+
+    threads = max(1, torch.get_num_threads() // 2)
+    ready = [line for line in server.log_file.read_text(errors="replace").splitlines()
+             if "inflight: model llm_two ready" in line]
+    assert len(ready) == 2 and all(f"{threads} CPU threads" in line for line in ready), ready
+    for i in range(4):  # Triton spreads them over both instances
+        inputs = {"text_input": f"instance prompt {i}", "max_tokens": 8, "stream": True}
+        assert grpc_generate(url(server), "llm_two", inputs).ids == grpc_generate(url(server), "llm", inputs).ids
