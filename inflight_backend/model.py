@@ -15,9 +15,9 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from collections.abc import Callable
 
 import numpy as np
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import ctypes
 import os
 
+import torch
+
 _OMP_PAUSE_SOFT = 1
 _LIBGOMP = "libgomp.so.1"
 
@@ -28,19 +30,13 @@ def share(instances: int, cpus: int | None = None) -> int:
     alone (docs/PERFORMANCE.md, "Several engines on the same cores")."""
     if instances <= 1:
         return 0
-    if cpus is None:
-        import torch
-
-        cpus = torch.get_num_threads()
-    return max(1, cpus // instances)
+    return max(1, (cpus if cpus is not None else torch.get_num_threads()) // instances)
 
 
 def use_threads(count: int) -> None:
     """The calling thread's parallel regions (torch's and our kernels') use `count` threads: torch's intra-op
     count is process-wide, OpenMP's is the calling thread's own (a thread OpenMP did not start takes the
     process default, not another thread's setting), so the thread that computes calls this itself."""
-    import torch
-
     torch.set_num_threads(count)
 
 

@@ -1,12 +1,11 @@
 """The code passes the linter pyproject.toml configures (ruff: pyflakes, pycodestyle, pyupgrade to 3.10)."""
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from inflight_backend.paths import PROJECT_ROOT
 
 
 def test_ruff_reports_nothing():
-    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
