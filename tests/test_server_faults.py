@@ -107,6 +107,7 @@ import os, sys, time
 import tritonclient.grpc as grpcclient
 from tests.triton_helpers import infer_inputs
 url, n, max_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 1900
+gated = sys.argv[4:] == ["gated"]  # connect, say so, and send only once a line comes on stdin
 def line(result, error, i):  # one write per response ("token 3"): lines never mix
     if error is not None:
         kind = "stopping" if "shutting down" in str(error) else "error"
@@ -118,6 +119,9 @@ for i, c in enumerate(clients):
     c.start_stream(callback=lambda result, error, i=i: os.write(1, line(result, error, i)))
 requests = [infer_inputs({"text_input": f"killed {i}", "max_tokens": max_tokens, "min_tokens": max_tokens,
                           "stream": True}) for i in range(n)]
+if gated:
+    os.write(1, b"connected 0\\n")
+    sys.stdin.readline()
 for c, inputs in zip(clients, requests):  # sent together: on a loaded machine, slow set-up between requests
     c.async_stream_infer("llm", inputs)   # let the first ones finish before the last began
 time.sleep(600)

@@ -15,7 +15,7 @@ import pytest
 
 from inflight_backend.server import check_ports_free
 from tests.conftest import free_port, model_config, write_repository
-from tests.test_server_faults import KILLED_CLIENT
+from tests.test_server_faults import KILLED_CLIENT, REASONS
 from tests.triton_helpers import grpc_generate, metric
 
 pytestmark = pytest.mark.server
@@ -72,16 +72,19 @@ def repo(tmp_path_factory, tiny_model):
     return write_repository(tmp_path_factory.mktemp("serve-repo"), {"llm": model_config(tiny_model, "llm")})
 
 
-def open_streams(url, n, results, first_tokens):
+def open_streams(url, n, results):
+    """n streams of 1,900 tokens each, one thread each; returns the threads and an event per stream, set at its
+    first token."""
+    started = [threading.Event() for _ in range(n)]
+
     def send(i):
         results[i] = grpc_generate(url, "llm", {"text_input": f"open {i}", "max_tokens": 1900, "min_tokens": 1900,
-                                                "stream": True}, on_token=lambda out: first_tokens.release(),
-                                   timeout=120)
+                                                "stream": True}, on_token=lambda out: started[i].set(), timeout=120)
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
-    return threads
+    return threads, started
 
 
 def test_a_taken_port_is_refused_with_a_clear_error(repo, tmp_path):
@@ -101,10 +104,9 @@ def test_a_dead_stub_ends_its_streams_with_an_error_and_service_resumes(repo, tm
     served = Served(repo, tmp_path / "serve.log")
     try:
         served.wait_ready()
-        results, first_tokens = [None] * 8, threading.Semaphore(0)
-        threads = open_streams(served.url, 8, results, first_tokens)
-        for _ in range(8):  # each stream has a token: the streams are open
-            assert first_tokens.acquire(timeout=120)
+        results = [None] * 4  # 4 of 1,900 tokens fit the KV pool together: each runs at once
+        threads, started = open_streams(served.url, 4, results)
+        assert all(s.wait(120) for s in started)  # each stream has a token: the streams are open
         (stub,) = served.stubs()
         os.kill(stub, signal.SIGKILL)
         for t in threads:
@@ -123,25 +125,31 @@ def test_a_dead_stub_ends_its_streams_with_an_error_and_service_resumes(repo, tm
 
 def test_sigterm_with_64_open_streams_ends_every_stream_and_exits_0(repo, tmp_path):
     """60 streams from clients that close them after their final response, 4 from a client that keeps its
-    streams open (Triton would wait for those forever): every stream ends, `inflight serve` exits 0."""
+    streams open (Triton would wait for those forever): every stream ends, `inflight serve` exits 0.
+
+    The 4 are sent once the 60 have arrived, from a client connected beforehand, and SIGTERM follows their
+    arrival: all 4 and most of the 60 are open then (1,900 tokens each, 4 at a time fit the KV pool), however
+    slow the machine. (Waiting for 64 unfinished at once failed on a loaded runner: the first had ended.)"""
     served = Served(repo, tmp_path / "serve.log", "--stop-timeout", "5")
     idle = None
     try:
         served.wait_ready()
-        idle = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, served.url, "4"], stdout=subprocess.PIPE,
-                                cwd=ROOT)
-        results, first_tokens = [None] * 60, threading.Semaphore(0)
-        threads = open_streams(served.url, 60, results, first_tokens)
-        assert first_tokens.acquire(timeout=120)
-        deadline = time.monotonic() + 120
-        while sum(metric(served.ports[2], "inflight_requests", "llm", state=s) for s in ("running", "waiting")) < 64:
-            assert time.monotonic() < deadline, "the 64 requests never all arrived"  # they run 1900 tokens each
-            time.sleep(0.1)
+        idle = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, served.url, "4", "1900", "gated"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT)
+        idle_lines = ClientLines(idle)
+        assert wait_until(lambda: b"connected" in idle_lines.kinds(0)), "the idle client never connected"
+        results, before = [None] * 60, arrived(served)
+        threads, _ = open_streams(served.url, 60, results)
+        assert wait_until(lambda: arrived(served) - before == 60), "the 60 requests never all arrived"
+        idle.stdin.write(b"go\n")
+        idle.stdin.flush()
+        assert wait_until(lambda: arrived(served) - before == 64), "the idle client's requests never arrived"
         served.process.send_signal(signal.SIGTERM)
         assert served.process.wait(60) == 0  # 60 s only guards against a hang
         for t in threads:
             t.join()
-        idle_ends = first_ends(idle, 4)  # the first response ending each of its streams
+        assert wait_until(lambda: all(idle_lines.end(i) for i in range(4)))
+        idle_ends = {i: idle_lines.end(i) for i in range(4)}  # the first response ending each of its streams
     finally:
         served.close()
         if idle is not None:
@@ -158,18 +166,44 @@ def test_sigterm_with_64_open_streams_ends_every_stream_and_exits_0(repo, tmp_pa
     assert not list(Path("/dev/shm").glob(f"inflight_{served.process.pid}_*"))
 
 
-def first_ends(client: subprocess.Popen, n: int, timeout: float = 60.0) -> dict[int, bytes]:
-    """Read KILLED_CLIENT's lines until each of its n streams has ended ("final", "stopping" or "error"); return
-    the kind that ended each. Bounded: a stream that never ends leaves it out (the caller's assertion says so)."""
-    ends: dict[int, bytes] = {}
-    reader = threading.Thread(target=lambda: [ends.setdefault(int(index), kind) for kind, index in
-                                              (line.split() for line in client.stdout) if kind != b"token"],
-                              daemon=True)
-    reader.start()
+class ClientLines:
+    """KILLED_CLIENT's output lines ("token 3", "final 3", "stopping 3", "connected 0"), read on a thread."""
+
+    ENDS = (b"final", b"stopping", b"error")
+
+    def __init__(self, client: subprocess.Popen) -> None:
+        self._lines: list[tuple[bytes, int]] = []
+        threading.Thread(target=self._read, args=(client.stdout,), daemon=True).start()
+
+    def _read(self, stdout) -> None:
+        for line in stdout:
+            kind, index = line.split()
+            self._lines.append((kind, int(index)))
+
+    def kinds(self, index: int) -> list[bytes]:
+        return [kind for kind, i in list(self._lines) if i == index]
+
+    def end(self, index: int) -> bytes | None:
+        """The kind of the first response that ended stream `index` (None while it is open)."""
+        return next((kind for kind, i in list(self._lines) if i == index and kind in self.ENDS), None)
+
+
+
+def arrived(served: Served) -> float:
+    """Requests the model has taken in so far: those waiting or running, and those ended."""
+    port = served.ports[2]
+    return (sum(metric(port, "inflight_requests", "llm", state=s) for s in ("running", "waiting"))
+            + sum(metric(port, "inflight_requests_finished_total", "llm", reason=r) for r in REASONS))
+
+
+def wait_until(condition, timeout: float = 120.0) -> bool:
+    """Poll `condition` until it holds (True) or `timeout` seconds pass (False)."""
     deadline = time.monotonic() + timeout
-    while len(ends) < n and time.monotonic() < deadline:
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.05)
-    return dict(ends)
+    return True
 
 
 def test_killing_inflight_serve_takes_tritonserver_with_it(repo, tmp_path):
@@ -180,9 +214,9 @@ def test_killing_inflight_serve_takes_tritonserver_with_it(repo, tmp_path):
         served.wait_ready()
         (stub,) = served.stubs()
         triton = int(Path(f"/proc/{stub}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the stub's parent
-        results, first_tokens = [None], threading.Semaphore(0)
-        (thread,) = open_streams(served.url, 1, results, first_tokens)
-        assert first_tokens.acquire(timeout=120)
+        results = [None]
+        (thread,), (started,) = open_streams(served.url, 1, results)
+        assert started.wait(120)
         served.process.kill()
         thread.join()
         assert results[0].error is not None and len(results[0].ids) < 1900
