@@ -7,7 +7,8 @@ import torch
 
 from ..config import ATTENTION_BACKENDS as BACKENDS
 from .base import AttentionBackend, AttentionMetadata
-from .native import NativePagedAttention, library_path, load_library
+from .kernel_abi import library_path, load_library
+from .native import NativePagedAttention
 from .torch_ref import TorchPagedAttention
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "NativePagedAttention", "TorchPagedAttention", "make_backend"]

@@ -1,50 +1,18 @@
 """The native paged-attention kernels of plugins/paged_attention (CPU and CUDA), called through their C ABI."""
 from __future__ import annotations
 
-import ctypes
 import logging
-from pathlib import Path
 
 import torch
 
-from ..paths import LIB_DIR
+from . import kernel_abi as abi
 from .base import AttentionBackend, AttentionMetadata
+from .kernel_abi import PA_ERR_DTYPE, PA_ERR_SHAPE, PA_OK, PaParams
 from .torch_ref import TorchPagedAttention
 
 log = logging.getLogger("inflight")
 
-PA_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-PA_OK, PA_ERR_DTYPE, PA_ERR_SHAPE = 0, 1, 2
-
-
-class PaParams(ctypes.Structure):
-    """Mirror of `pa_params` in plugins/paged_attention/include/paged_attention.h."""
-
-    _fields_ = [(name, ctypes.c_int32) for name in (
-        "num_seqs", "num_tokens", "num_heads", "num_kv_heads", "head_size", "block_size", "max_blocks_per_seq",
-        "max_context_len")] + [("scale", ctypes.c_float), ("dtype", ctypes.c_int32),
-                               ("sliding_window", ctypes.c_int32), ("reserved", ctypes.c_int32)] + [
-        (name, ctypes.c_int64) for name in (
-            "q_stride_token", "q_stride_head", "out_stride_token", "out_stride_head", "kv_stride_block",
-            "kv_stride_token", "kv_stride_head")]
-
-
-def library_path(device_type: str) -> Path:
-    return LIB_DIR / ("libinflight_pa_cuda.so" if device_type == "cuda" else "libinflight_pa_cpu.so")
-
-
-def load_library(device_type: str) -> ctypes.CDLL | None:
-    """The kernel library for `device_type` ('cpu' or 'cuda'), or None when it has not been built."""
-    path = library_path(device_type)
-    if not path.exists():
-        return None
-    lib = ctypes.CDLL(str(path))
-    prefix = "pa_cuda_" if device_type == "cuda" else "pa_cpu_"
-    for name in ("attention", "write_kv"):
-        getattr(lib, prefix + name).restype = ctypes.c_int
-    if device_type == "cuda":
-        lib.pa_cuda_workspace_size.restype = ctypes.c_size_t
-    return lib
+PA_DTYPES = {torch.float32: abi.PA_FLOAT32, torch.bfloat16: abi.PA_BFLOAT16, torch.float16: abi.PA_FLOAT16}
 
 
 def make_params(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
@@ -66,7 +34,7 @@ class NativePagedAttention(AttentionBackend):
 
     name = "native"
 
-    def __init__(self, lib: ctypes.CDLL, device_type: str) -> None:
+    def __init__(self, lib, device_type: str) -> None:
         self.lib = lib
         self.cuda = device_type == "cuda"
         self._fallback = TorchPagedAttention()
@@ -79,9 +47,8 @@ class NativePagedAttention(AttentionBackend):
         if self._use_fallback or k.stride() != v.stride():
             return self._fallback.write_kv(k_cache, v_cache, k, v, meta)
         p = self._step_params(k, k_cache, meta, 1.0, k)
-        args = [ctypes.byref(p), _ptr(k), _ptr(v), ctypes.c_int64(k.stride(0)), ctypes.c_int64(k.stride(1)),
-                _ptr(meta.slot_mapping), _ptr(k_cache), _ptr(v_cache)]
-        status = self.lib.pa_cuda_write_kv(*args, _stream()) if self.cuda else self.lib.pa_cpu_write_kv(*args)
+        status = abi.write_kv(self.lib, self.cuda, p, k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1),
+                              meta.slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), self._stream())
         if status in (PA_ERR_DTYPE, PA_ERR_SHAPE):
             self._fall_back(status, k)
             return self._fallback.write_kv(k_cache, v_cache, k, v, meta)
@@ -92,14 +59,14 @@ class NativePagedAttention(AttentionBackend):
             return self._fallback.forward(q, k_cache, v_cache, meta, scale, window)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         p = self._step_params(q, k_cache, meta, scale, out, window)
-        args = [ctypes.byref(p), _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(meta.block_tables),
-                _ptr(meta.context_lens_tensor), _ptr(meta.query_start_loc_tensor), _ptr(out)]
+        workspace, size = 0, 0
         if self.cuda:
-            workspace = self._cuda_workspace(self.lib.pa_cuda_workspace_size(ctypes.byref(p)), q.device)
-            status = self.lib.pa_cuda_attention(*args, _ptr(workspace), ctypes.c_size_t(workspace.numel()),
-                                                _stream())
-        else:
-            status = self.lib.pa_cpu_attention(*args)
+            buffer = self._cuda_workspace(abi.workspace_size(self.lib, p), q.device)
+            workspace, size = buffer.data_ptr(), buffer.numel()
+        status = abi.attention(self.lib, self.cuda, p, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                               meta.block_tables.data_ptr(), meta.context_lens_tensor.data_ptr(),
+                               meta.query_start_loc_tensor.data_ptr(), out.data_ptr(), workspace, size,
+                               self._stream())
         if status in (PA_ERR_DTYPE, PA_ERR_SHAPE):
             self._fall_back(status, q)
             return self._fallback.forward(q, k_cache, v_cache, meta, scale, window)
@@ -128,15 +95,11 @@ class NativePagedAttention(AttentionBackend):
                     "using the torch reference", reason, q.dtype, q.shape[-1])
         self._use_fallback = True
 
+    def _stream(self) -> int:
+        return torch.cuda.current_stream().cuda_stream if self.cuda else 0
+
     @staticmethod
     def _check(status: int) -> None:
         if status != PA_OK:
             raise RuntimeError(f"native paged attention failed with status {status}")
 
-
-def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
-
-
-def _stream() -> ctypes.c_void_p:
-    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)

@@ -9,13 +9,12 @@ kv_pool). All contiguous.
 """
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
-from ..attention.native import PaParams
+from ..attention import kernel_abi as abi
+from ..attention.kernel_abi import ITEMSIZE, PaParams
 
 Q, K, V, POOL, BLOCK_TABLES, CONTEXT_LENS, QUERY_START_LOC, SLOT_MAPPING = range(8)
-ITEMSIZE = {0: 4, 1: 2, 2: 2}  # pa_dtype -> bytes
 
 
 @dataclass(frozen=True)
@@ -57,18 +56,14 @@ def launch(lib, device: str, f: PluginFields, dims: list[tuple[int, ...]], pa_dt
     """Write the new K/V into their slots, then attend. Returns the kernels' status (0 is success)."""
     p = kernel_params(f, dims, pa_dtype)
     k_cache, v_cache = layer_caches(f, dims[POOL], inputs[POOL], pa_dtype)
-    ptr = ctypes.c_void_p
-    kv_args = [ctypes.byref(p), ptr(inputs[K]), ptr(inputs[V]), ctypes.c_int64(f.num_kv_heads * f.head_size),
-               ctypes.c_int64(f.head_size), ptr(inputs[SLOT_MAPPING]), ptr(k_cache), ptr(v_cache)]
-    attn_args = [ctypes.byref(p), ptr(inputs[Q]), ptr(k_cache), ptr(v_cache), ptr(inputs[BLOCK_TABLES]),
-                 ptr(inputs[CONTEXT_LENS]), ptr(inputs[QUERY_START_LOC]), ptr(out_ptr)]
-    if device == "cuda":
-        status = lib.pa_cuda_write_kv(*kv_args, ptr(stream))
-        return status or lib.pa_cuda_attention(*attn_args, ptr(workspace), ctypes.c_size_t(workspace_size),
-                                               ptr(stream))
-    return lib.pa_cpu_write_kv(*kv_args) or lib.pa_cpu_attention(*attn_args)
+    cuda = device == "cuda"
+    status = abi.write_kv(lib, cuda, p, inputs[K], inputs[V], f.num_kv_heads * f.head_size, f.head_size,
+                          inputs[SLOT_MAPPING], k_cache, v_cache, stream)
+    return status or abi.attention(lib, cuda, p, inputs[Q], k_cache, v_cache, inputs[BLOCK_TABLES],
+                                   inputs[CONTEXT_LENS], inputs[QUERY_START_LOC], out_ptr, workspace,
+                                   workspace_size, stream)
 
 
 def workspace_size(lib, f: PluginFields, max_dims: list[tuple[int, ...]], pa_dtype: int) -> int:
     """CUDA workspace for the largest shapes of the profile."""
-    return int(lib.pa_cuda_workspace_size(ctypes.byref(kernel_params(f, max_dims, pa_dtype))))
+    return abi.workspace_size(lib, kernel_params(f, max_dims, pa_dtype))

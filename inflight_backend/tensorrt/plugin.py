@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..attention import kernel_abi as abi
 from . import kernel_args
 from .kernel_args import PluginFields
 from .trt_module import import_trt
@@ -15,7 +16,8 @@ from .trt_module import import_trt
 trt = import_trt()
 PLUGIN_NAME, PLUGIN_VERSION = "PagedAttention", "1"
 INT_FIELDS = ("layer", "num_heads", "num_kv_heads", "head_size", "block_size", "sliding_window")
-PA_DTYPE = {trt.DataType.FLOAT: 0, trt.DataType.BF16: 1, trt.DataType.HALF: 2}
+PA_DTYPE = {trt.DataType.FLOAT: abi.PA_FLOAT32, trt.DataType.BF16: abi.PA_BFLOAT16,
+            trt.DataType.HALF: abi.PA_FLOAT16}
 INDEX_TYPES = {kernel_args.BLOCK_TABLES: trt.DataType.INT32, kernel_args.CONTEXT_LENS: trt.DataType.INT32,
                kernel_args.QUERY_START_LOC: trt.DataType.INT32, kernel_args.SLOT_MAPPING: trt.DataType.INT64}
 
@@ -98,9 +100,7 @@ class PagedAttentionPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3One
 
     def _cuda_lib(self):
         if self._lib is None:
-            from ..attention.native import load_library
-
-            self._lib = load_library("cuda")
+            self._lib = abi.load_library("cuda")
             if self._lib is None:
                 raise RuntimeError("build/lib/libinflight_pa_cuda.so is missing: run `make native` where nvcc is")
         return self._lib
