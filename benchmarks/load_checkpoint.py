@@ -43,6 +43,7 @@ PROBE = r"""
 import sys, threading, time, torch
 from inflight_backend.attention import make_backend
 from inflight_backend.checkpoint import load_model
+from inflight_backend.models.device_kernels import place
 
 def anon():
     for line in open("/proc/self/status"):
@@ -58,8 +59,8 @@ def sample():
 base = anon()
 thread = threading.Thread(target=sample)
 thread.start()
-model = load_model(sys.argv[1], make_backend("torch", torch.device("cpu")), getattr(torch, sys.argv[2]), "cpu",
-                   sys.argv[3])
+dtype = getattr(torch, sys.argv[2])
+model = place(load_model(sys.argv[1], make_backend("torch", torch.device("cpu")), dtype), "cpu", sys.argv[3], dtype)
 stop.set()
 thread.join()
 print(peak[0] - base, sum(p.numel() * p.element_size() for p in model.parameters()))

@@ -4,7 +4,7 @@
         [--prompt-len 32] [--output-len 256] [--transports inprocess inprocess-ids grpc http] [--clients 4]
         [--baseline REV] [--json OUT]
 
-Every run uses `engine: null` (engines/null_runner.py): logits are fixed, so scheduling, sampling, detokenizing,
+Every run uses `engine: null` (runners/null_runner.py): logits are fixed, so scheduling, sampling, detokenizing,
 building responses and Triton's transport are all that is measured. Each stream is one request of --prompt-len
 prompt tokens forced to --output-len output tokens (min_tokens), all submitted at once.
 

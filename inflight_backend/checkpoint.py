@@ -15,8 +15,6 @@ from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from .attention import AttentionBackend
-from .models import cpu_ops
-from .models.cpu_layout import PackedLinear, convert_cpu_linears
 from .models.llama import LlamaConfig, LlamaForCausalLM
 
 
@@ -87,11 +85,10 @@ def load_tokenizer(path: str) -> Tokenizer:
 AS_WRITTEN = ("PreTrainedTokenizerFast", "TokenizersBackend")  # classes that use tokenizer.json unchanged
 
 
-def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype, device: str,
-               linear_backend: str = "auto") -> LlamaForCausalLM:
-    """Build the model and load every safetensors shard in `path` into it (strictly: no missing/extra weights).
-    On the CPU the linear layers take the layout `linear_backend` selects (models/cpu_layout.py); with the
-    native one, the ops between them are fused too (models/cpu_ops.py). The choice is in `model.linear_layout`."""
+def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype) -> LlamaForCausalLM:
+    """Build the model and load every safetensors shard in `path` into it (strictly: no missing/extra weights),
+    on the CPU with torch's modules; models/device_kernels.py then picks its kernels and device.
+    `model.load_report` says what it took."""
     config = load_config(path)
     shards = sorted(glob(os.path.join(path, "*.safetensors")))
     if not shards:
@@ -103,14 +100,6 @@ def load_model(path: str, backend: AttentionBackend, dtype: torch.dtype, device:
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary = type(model.model.rotary)(config)  # rebuild the non-persistent buffer off meta
-    model.linear_layout = "torch (nn.Linear)"
-    if torch.device(device).type == "cpu":
-        model.linear_layout = convert_cpu_linears(model, linear_backend, dtype)
-        ops = cpu_ops.load_library()
-        if isinstance(model.lm_head, PackedLinear) and ops is not None:  # fp32, contiguous linear outputs
-            cpu_ops.convert_cpu_ops(model, ops)
-            model.linear_layout += " + fused CPU ops"
-    model = model.to(device).eval()
     grown = (_rss_bytes() - rss_before) / 2**20
     model.load_report = (f"weights {num_bytes / 2**20:.0f} MiB as {str(dtype).removeprefix('torch.')} loaded in "
                          f"{time.perf_counter() - start:.1f} s, process memory +{grown:.0f} MiB")

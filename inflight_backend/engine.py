@@ -17,8 +17,8 @@ from .checkpoint import load_config, load_tokenizer
 from .models.llama import LlamaConfig
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer, NoText, byte_fallback_ids, special_ids
-from .engines.base import ModelRunner
-from .engines.step_inputs import context_rows
+from .runners.base import ModelRunner
+from .runners.step_inputs import context_rows
 from .request import RequestError  # noqa: F401 (re-exported: callers catch it from here too)
 from .request import PromptLimits, PromptTooLarge, Request, RequestStatus, SamplingParams
 from .sampler import Sampler
@@ -342,14 +342,14 @@ class InflightEngine:
 
 def _make_runner(config: EngineConfig, num_blocks: int, model: LlamaConfig) -> ModelRunner:
     if config.engine == "null":
-        from .engines.null_runner import NullRunner
+        from .runners.null_runner import NullRunner
 
         return NullRunner(model.vocab_size, model.eos_token_ids)
     if config.engine == "tensorrt":
-        from .engines.tensorrt_runner import TensorRTRunner
+        from .runners.tensorrt_runner import TensorRTRunner
 
         return TensorRTRunner(config.engine_path, num_blocks, config.block_size)
-    from .engines.torch_runner import TorchRunner
+    from .runners.torch_runner import TorchRunner
 
     device = config.resolved_device()
     dtype = config.dtype if config.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")

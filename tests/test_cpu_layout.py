@@ -6,6 +6,7 @@ from torch import nn
 
 from inflight_backend.attention import make_backend
 from inflight_backend.checkpoint import load_model
+from inflight_backend.models.device_kernels import place
 from inflight_backend.models import skinny_gemm
 from inflight_backend.models.cpu_layout import InputMajorLinear, PackedLinear, convert_cpu_linears
 
@@ -73,7 +74,7 @@ def test_native_refuses_what_it_cannot_run():
 
 @pytest.mark.parametrize("backend", ["torch", "auto"])
 def test_cpu_checkpoint_loads_converted_and_keeps_tied_weights(tied_model, backend):
-    model = load_model(tied_model, make_backend("torch", torch.device("cpu")), torch.float32, "cpu", backend)
+    model = place(load_model(tied_model, make_backend("torch", torch.device("cpu")), torch.float32), "cpu", backend)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
     x = torch.randn(5, model.config.hidden_size)
     # tied embeddings: the LM head is the embedding matrix, transposed (the conversion made its own copy)

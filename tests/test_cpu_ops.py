@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from inflight_backend.attention import make_backend
 from inflight_backend.checkpoint import load_model
+from inflight_backend.models.device_kernels import place
 from inflight_backend.models import cpu_ops
 from inflight_backend.models.llama import RMSNorm, Rotary, apply_rotary
 
@@ -134,9 +135,9 @@ def test_only_the_native_linear_layout_fuses_the_ops(tiny_model):
     """The kernels rely on PackedLinear's contiguous outputs; the torch layout keeps torch's ops. (Both are
     checked against transformers in test_model_logits.py.)"""
     backend = make_backend("torch", torch.device("cpu"))
-    plain = load_model(tiny_model, backend, torch.float32, "cpu", "torch")
+    plain = place(load_model(tiny_model, backend, torch.float32), "cpu", "torch")
     assert "fused" not in plain.linear_layout and not isinstance(plain.model.norm, cpu_ops.NativeRMSNorm)
-    fused = load_model(tiny_model, backend, torch.float32, "cpu", "auto")
+    fused = place(load_model(tiny_model, backend, torch.float32), "cpu", "auto")
     if "fused CPU ops" not in fused.linear_layout:
         pytest.skip(f"no native linear layout on this machine ({fused.linear_layout})")
     layer = fused.model.layers[0]

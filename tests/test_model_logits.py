@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inflight_backend.block_manager import BlockManager
-from inflight_backend.engines.torch_runner import TorchRunner
+from inflight_backend.runners.torch_runner import TorchRunner
 from inflight_backend.make_model import TinySpec, make_model
 from inflight_backend.request import Request, SamplingParams
 from inflight_backend.scheduler import ScheduledRequest, SchedulerOutput, is_decode

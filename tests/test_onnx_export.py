@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from inflight_backend.block_manager import BlockManager
-from inflight_backend.engines.step_inputs import StepInputs
-from inflight_backend.engines.torch_runner import TorchRunner
+from inflight_backend.runners.step_inputs import StepInputs
+from inflight_backend.runners.torch_runner import TorchRunner
 from inflight_backend.request import Request, SamplingParams
 from inflight_backend.scheduler import ScheduledRequest, SchedulerOutput, is_decode
 

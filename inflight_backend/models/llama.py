@@ -275,6 +275,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.linear_layout = "torch (nn.Linear)"  # what models/device_kernels.py chose
+        self.load_report = ""  # what loading took (checkpoint.py)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list,
                 meta: AttentionMetadata, sample_indices: torch.Tensor) -> torch.Tensor:

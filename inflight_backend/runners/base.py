@@ -1,4 +1,4 @@
-"""The model-runner interface shared by the PyTorch and TensorRT engines."""
+"""The model-runner interface shared by the PyTorch, TensorRT and null runners."""
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ import torch
 
 from ..attention import AttentionMetadata, make_backend
 from ..checkpoint import load_model
+from ..models import device_kernels
 from ..scheduler import SchedulerOutput
 from .base import ModelRunner
 from .step_inputs import StepInputs
@@ -21,7 +22,8 @@ class TorchRunner(ModelRunner):
         self.dtype = DTYPES[dtype]
         self.block_size = block_size
         self.attention = make_backend(attention, self.device)
-        self.model = load_model(checkpoint, self.attention, self.dtype, device, linear)
+        self.model = device_kernels.place(load_model(checkpoint, self.attention, self.dtype), device, linear,
+                                          self.dtype)
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)

@@ -1,0 +1,23 @@
+"""Which kernels a loaded model computes with on its device, chosen once after loading (checkpoint.py only
+loads weights). On the CPU: the linear layers' layout (cpu_layout.py) and, with the native one, the ops fused
+between them (cpu_ops.py); elsewhere torch's own modules."""
+from __future__ import annotations
+
+import torch
+
+from . import cpu_ops
+from .cpu_layout import PackedLinear, convert_cpu_linears
+from .llama import LlamaForCausalLM
+
+
+def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto",
+          dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    """Convert `model` (in place) for `device` and move it there, in eval mode; `model.linear_layout` names the
+    choice."""
+    if torch.device(device).type == "cpu":
+        model.linear_layout = convert_cpu_linears(model, linear_backend, dtype)
+        ops = cpu_ops.load_library()
+        if isinstance(model.lm_head, PackedLinear) and ops is not None:  # fp32, contiguous linear outputs
+            cpu_ops.convert_cpu_ops(model, ops)
+            model.linear_layout += " + fused CPU ops"
+    return model.to(device).eval()
