@@ -145,7 +145,7 @@ class VLLMTarget(_HTTPServerTarget):
             command.append("--enable-chunked-prefill")
         if not prefix_caching:
             command.append("--no-enable-prefix-caching")
-        env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}",  # by default it keeps a core to itself
+        env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}",  # by default it keeps a core to itself
                "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
         super().__init__(command, port, workdir / "vllm.log", env)
 

@@ -187,7 +187,8 @@ def run_target(spec: str, args, workdir: Path, items, rnd: int) -> list[dict]:
 def ratio_table(runs: list[dict], pairs: list[tuple[str, str]], metric: str = "output_tokens_per_s") -> str:
     """`metric` of A over B for each (A, B), per round (same load point), and their median. Load points are
     matched by their position in the round, so --load-fraction rounds (one rate each) line up too."""
-    by, seen = {}, Counter()  # seen: load points so far of each (round, target), in run order
+    by: dict = {}
+    seen: Counter = Counter()  # seen: load points so far of each (round, target), in run order
     for r in runs:
         point = -1
         if r["load"] != "saturation":

@@ -79,7 +79,7 @@ def greedy_answers(checkpoint: str):
     def answer(prompts: list[list[int]], n: int) -> list[list[int]]:
         for i, prompt in enumerate(prompts):
             engine.add_request(str(i), prompt, SamplingParams(max_tokens=n, min_tokens=n))
-        said = {str(i): [] for i in range(len(prompts))}
+        said: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
         while engine.has_unfinished():
             for out in engine.step():
                 said[out.req_id] += out.token_ids

@@ -151,7 +151,8 @@ class BatchLoop:
                 self._drain_message = command[1]
                 outputs += self.engine.fail_all(command[1])
             else:
-                outputs += [self.engine.abort(req_id) for req_id in self.engine.open_request_ids()]
+                outputs += [out for req_id in self.engine.open_request_ids()
+                            if (out := self.engine.abort(req_id)) is not None]
                 self._outputs.put((outputs, copy.copy(self.engine.stats)))
                 return False
 

@@ -3,6 +3,9 @@ accumulated; the piece of a response that each engine output makes (`responses.p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from .coalesce import merge
 from .engine import RequestOutput
@@ -14,7 +17,7 @@ class Call:
     """One Triton request: its sender and its sequences (B rows x num_return_sequences) still running."""
 
     key: str
-    sender: object
+    sender: Any  # pb_utils.InferenceResponseSender (exists only inside Triton)
     stream: bool
     unary: bool  # a non-decoupled model: exactly one response, holding every sequence
     batched: bool  # TensorRT-LLM's layout: responses keep the batch and beam axes
@@ -44,7 +47,7 @@ class Sequence:
     logprobs: list[float] | None = None
     top: list | None = None
     logits: list | None = None
-    context_logits: object = None
+    context_logits: np.ndarray | None = None
     cum_logprob: float = 0.0
     first_token_seen: bool = False
     stream_interval: int = 1
@@ -77,7 +80,7 @@ def accumulate_info(seq: Sequence, out: RequestOutput) -> None:
     if info is None:
         return
     if info.logprob is not None:
-        if seq.logprobs is None:
+        if seq.logprobs is None or seq.top is None:
             seq.logprobs, seq.top = [], []
         seq.logprobs.append(info.logprob)
         seq.top.append(info.top)

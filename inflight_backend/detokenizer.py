@@ -1,6 +1,8 @@
 """Incremental detokenization: the new text of each token, never half a UTF-8 character."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tokenizers import Tokenizer
 
 _REPLACEMENT = "\ufffd"
@@ -11,8 +13,8 @@ def byte_fallback_ids(tokenizer: Tokenizer) -> frozenset[int]:
     a whole run of them into text at once (one replacement character per byte if the run is not valid UTF-8), so
     a run's text is final only once a token of another kind ends it."""
     vocab = tokenizer.get_vocab()
-    ids = [vocab.get(f"<0x{b:02X}>") for b in range(256)]
-    return frozenset(ids) if all(i is not None for i in ids) else frozenset()
+    ids = [i for b in range(256) if (i := vocab.get(f"<0x{b:02X}>")) is not None]
+    return frozenset(ids) if len(ids) == 256 else frozenset()
 
 
 def special_ids(tokenizer: Tokenizer) -> frozenset[int]:
@@ -31,7 +33,7 @@ class IncrementalDetokenizer:
     them produces no text, so nothing is released and every further token would decode the whole growing run.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip: frozenset[int] = frozenset(), prompt_ids: list[int] = (),
+    def __init__(self, tokenizer: Tokenizer, skip: frozenset[int] = frozenset(), prompt_ids: Sequence[int] = (),
                  byte_ids: frozenset[int] = frozenset()) -> None:
         self._tokenizer = tokenizer
         self._skip = skip

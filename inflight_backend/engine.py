@@ -44,7 +44,7 @@ class RequestOutput:
     stop_reason: str | None = None  # the stop string or token id that ended it (None: EOS, or not stopped)
     num_shared_blocks: int = 0  # on the final output: prompt blocks it took as computed (prefix cache, a sibling)
     num_cached_tokens: int = 0  # on the final output: the tokens in them
-    context_logits: object = None  # numpy float32 [prompt tokens, vocab], on the first token's output, if asked
+    context_logits: np.ndarray | None = None  # float32 [prompt tokens, vocab], on the first token's output, if asked
 
     @property
     def finished(self) -> bool:
@@ -80,7 +80,7 @@ class InflightEngine:
         self.sampler = Sampler()
         self.stats = EngineStats(kv_blocks_total=num_blocks)
         self._requests: dict[str, Request] = {}
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer | NoText] = {}
         self._special_ids = special_ids(self.tokenizer)
         self._byte_ids = byte_fallback_ids(self.tokenizer)
         self._context_logits: dict[str, list] = {}  # return_context_logits: the prompt's rows so far
@@ -290,7 +290,7 @@ class InflightEngine:
         return RequestOutput(request.req_id, [token], text, token_time=now)
 
     def _stop(self, request: Request, token: int, delta: str,
-              detok: IncrementalDetokenizer) -> tuple[int, str | None] | None:
+              detok: IncrementalDetokenizer | NoText) -> tuple[int, str | None] | None:
         """None: go on. Else (where, why): where -1 for a token, or the index in the request's text (detok.text)
         where a stop string starts; why: the stop string or token id (None for the end token)."""
         p = request.params

@@ -37,7 +37,7 @@ class TritonMetrics:
 
     def __init__(self, pb_utils, model_name: str) -> None:
         family_type = pb_utils.MetricFamily
-        self._families = []  # families must outlive their metrics
+        self._families: list = []  # families must outlive their metrics
         labels = {"model": model_name}
 
         def family(name, description, kind):

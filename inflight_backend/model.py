@@ -274,9 +274,10 @@ class TritonPythonModel:
                       _FINAL if last else 0)
             return
         if call.stream:
-            if seq.stream_interval > 1 and (out := calls.held_back(seq, out)) is None:
+            sent = calls.held_back(seq, out) if seq.stream_interval > 1 else out
+            if sent is None:
                 return
-            self._respond(call, [self._tensors(seq, out, out.text, out.token_ids)], last)
+            self._respond(call, [self._tensors(seq, sent, sent.text, sent.token_ids)], last)
             return
         calls.accumulate(seq, out)
         if not out.finished:
@@ -316,7 +317,8 @@ class TritonPythonModel:
             self.metrics.observe_first_token(out.token_time - seq.arrival)
         if out.finished:
             per_token, times = None, out.times  # the engine's own first/last token times and token count
-            if times is not None and out.num_output_tokens > 1:
+            if (times is not None and times.first_token is not None and times.last_token is not None
+                    and out.num_output_tokens > 1):
                 per_token = (times.last_token - times.first_token) / (out.num_output_tokens - 1)
             self.metrics.observe_finished(out.finish_reason, time.monotonic() - seq.arrival, per_token)
             # benchmarks/robustness.py reads these lines

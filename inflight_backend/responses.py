@@ -75,7 +75,7 @@ def tensors(piece: Piece, returns: frozenset[str], perf: bool, wanted: frozenset
         # num_output_tokens: the sequence's total, or (asked for with return_num_output_tokens) vLLM's count of
         # the tokens in this response
         count = len(piece.generated) if "num_output_tokens" in returns else final.num_output_tokens
-        done = {"finish_reason": lambda: np.array([[final.finish_reason.encode()]], dtype=np.object_),
+        done = {"finish_reason": lambda: np.array([[(final.finish_reason or "").encode()]], dtype=np.object_),
                 "num_input_tokens": lambda: np.array([[final.num_input_tokens]], dtype=np.uint32),
                 "num_output_tokens": lambda: np.array([[count]], dtype=np.uint32),
                 "num_cached_tokens": lambda: np.array([[final.num_cached_tokens]], dtype=np.uint32)}
@@ -148,12 +148,16 @@ def _vllm_logprobs(piece: Piece, decode_token: Callable[[int], str]) -> str:
     return json.dumps(entries)
 
 
+def _nanoseconds(t: float | None) -> Callable[[], np.ndarray]:
+    """A timestamp's tensor, in nanoseconds (-1: never happened)."""
+    return lambda: np.array([[-1 if t is None else int(t * 1e9)]], dtype=np.int64)
+
+
 def _perf(final: RequestOutput, kv_blocks: int, shared: int) -> dict[str, Callable[[], np.ndarray]]:
     times = final.times
     stamps = {"arrival_time_ns": times.arrival, "first_scheduled_time_ns": times.first_scheduled,
               "first_token_time_ns": times.first_token, "last_token_time_ns": times.last_token} if times else {}
-    made = {name: (lambda t=t: np.array([[-1 if t is None else int(t * 1e9)]], dtype=np.int64))
-            for name, t in stamps.items()}
+    made: dict[str, Callable[[], np.ndarray]] = {name: _nanoseconds(t) for name, t in stamps.items()}
     made.update({"kv_cache_alloc_new_blocks": lambda: np.array([[kv_blocks - shared]], dtype=np.int32),
                  "kv_cache_reused_blocks": lambda: np.array([[shared]], dtype=np.int32),
                  "kv_cache_alloc_total_blocks": lambda: np.array([[kv_blocks]], dtype=np.int32),

@@ -284,7 +284,7 @@ class Scheduler:
             # lets a long prompt be admitted, preempted for its next chunk, readmitted... without end).
             return self.blocks.num_missing_blocks(request.req_id, request.num_tokens) - len(reused) <= free
         needed = blocks_for(request.max_total_tokens, self.blocks.block_size) - len(reused)
-        return needed + reserved <= free
+        return needed + (reserved or 0) <= free
 
     def _schedule(self, out: SchedulerOutput, request: Request, num_tokens: int, decode: bool) -> None:
         end = request.num_computed_tokens + num_tokens

@@ -235,10 +235,11 @@ class TritonServer:
         deadline = time.monotonic() + timeout
         host = f"[{self.local_host}]" if ":" in self.local_host else self.local_host
         urls = [f"http://{host}:{self.http_port}/v2/health/ready", f"http://{host}:{self.metrics_port}/metrics"]
+        process = self.started()
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if process.poll() is not None:
                 self._cleanup()
-                raise ServerError(f"tritonserver exited with code {self.process.returncode}{self.log_excerpt()}")
+                raise ServerError(f"tritonserver exited with code {process.returncode}{self.log_excerpt()}")
             while urls and _answers(urls[0]):
                 urls.pop(0)
             if not urls:
@@ -247,6 +248,12 @@ class TritonServer:
             time.sleep(0.25)
         self.kill()
         raise ServerError(f"tritonserver not ready after {timeout:.0f}s{self.log_excerpt()}")
+
+    def started(self) -> subprocess.Popen:
+        """The tritonserver process (start() has run)."""
+        if self.process is None:
+            raise ServerError("tritonserver was never started")
+        return self.process
 
     def stub_pids(self) -> set[int]:
         """The live Python backend stubs (one per model instance) of this server (a dead stub stays a zombie
@@ -283,13 +290,13 @@ class TritonServer:
 
     def kill(self) -> int:
         """SIGKILL the server and its stubs at once (a dead stub can keep tritonserver from exiting)."""
-        stubs = self.stub_pids()
+        process, stubs = self.started(), self.stub_pids()
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+            os.killpg(process.pid, signal.SIGKILL)
         for pid in stubs:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        code = self.process.wait()
+        code = process.wait()
         self._cleanup()
         return code
 

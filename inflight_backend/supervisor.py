@@ -81,7 +81,7 @@ class Supervisor:
         """Block until asked to stop (None) or until something fails (a sentence saying what)."""
         stubs = server.stub_pids()
         while not self._stop.wait(POLL_S):
-            if (code := server.process.poll()) is not None:
+            if (code := server.started().poll()) is not None:
                 return f"tritonserver exited on its own with code {code}"
             if dead := stubs - server.stub_pids():
                 return f"model stub process {sorted(dead)} died"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .request import Request, SamplingParams
@@ -17,7 +18,7 @@ class TokenInfo:
 
     logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()  # the k most likely tokens and their log-probabilities
-    logits: object = None  # numpy float32 [vocab]
+    logits: np.ndarray | None = None  # numpy float32 [vocab]
 
 
 def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) -> None:
@@ -25,7 +26,8 @@ def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) 
     request cannot end: its end ids get -inf logits (transformers' MinNewTokensLengthLogitsProcessor, vLLM's
     min_tokens, TensorRT-LLM's min_length); a bad word's last token gets -inf where it would complete the
     word (transformers' NoBadWordsLogitsProcessor, over prompt and output)."""
-    rows, ids = [], []
+    rows: list[int] = []
+    ids: list[int] = []
     for row, request in enumerate(sampled):
         p = request.params
         if p.penalized:

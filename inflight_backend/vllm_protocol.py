@@ -7,6 +7,7 @@ Every field we implement acts; every other one, given anything but vLLM's defaul
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from .request import RequestError
 
@@ -38,7 +39,7 @@ def sampling_parameters(tensor_json: str | None, request_parameters: str) -> dic
     return translate(chosen)
 
 
-def translate(fields: dict[str, object]) -> dict[str, object]:
+def translate(fields: dict[str, Any]) -> dict[str, object]:
     unknown = sorted(k for k in fields if k not in SUPPORTED and k not in DEFAULTS and k not in OTHERS)
     if unknown:
         raise RequestError(f"unknown field(s) {unknown}: neither an input of this model nor a vLLM sampling "
@@ -55,6 +56,8 @@ def translate(fields: dict[str, object]) -> dict[str, object]:
         ours["top_k"] = 0
     stop = fields.get("stop")
     if stop not in (None, "", []):
+        if not isinstance(stop, (str, list)):
+            raise RequestError(f"stop must be a string or a list of strings, got {stop!r}")
         ours["stop_words"] = (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop)
         ours["include_stop_str_in_output"] = _convert(fields.get("include_stop_str_in_output", False), bool,
                                                       "include_stop_str_in_output")
@@ -79,7 +82,7 @@ MAX_LOGPROBS = 20
 
 
 def _object(raw: str | None, what: str) -> dict:
-    if raw in (None, ""):
+    if not raw:  # absent or empty
         return {}
     try:
         value = json.loads(raw)

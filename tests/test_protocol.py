@@ -104,6 +104,7 @@ def test_vllm_sampling_parameters_as_vllms_client_sends_them():
     ('{"max_tokens": 5}', '{"max_tokens": 6}', r"\['max_tokens'\] differ"),
     ('[1, 2]', "{}", "must be a JSON object"),
     ("{", "{}", "not valid JSON"),
+    ('{"stop": 5}', "{}", "stop must be a string or a list of strings, got 5"),
 ])
 def test_vllm_sampling_parameters_we_cannot_honour_are_errors(tensor, params, message):
     with pytest.raises(RequestError, match=message):

@@ -21,7 +21,7 @@ PA_OK, PA_ERR_DTYPE, PA_ERR_SHAPE = 0, 1, 2
 class PaParams(ctypes.Structure):
     """Mirror of `pa_params`: sizes, element strides, dtype, sliding window (0: none)."""
 
-    _fields_ = [(name, ctypes.c_int32) for name in (
+    _fields_ = [(name, ctypes.c_int32) for name in (  # type: ignore[assignment]  # (mixed field types)
         "num_seqs", "num_tokens", "num_heads", "num_kv_heads", "head_size", "block_size", "max_blocks_per_seq",
         "max_context_len")] + [("scale", ctypes.c_float), ("dtype", ctypes.c_int32),
                                ("sliding_window", ctypes.c_int32), ("reserved", ctypes.c_int32)] + [

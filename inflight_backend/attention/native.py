@@ -39,7 +39,7 @@ class NativePagedAttention(AttentionBackend):
         self.cuda = device_type == "cuda"
         self._fallback = TorchPagedAttention()
         self._use_fallback = False
-        self._workspace = None
+        self._workspace: torch.Tensor | None = None
         self._params_meta: AttentionMetadata | None = None  # the step whose kernel parameters are cached
         self._params: dict[tuple, PaParams] = {}
 

@@ -80,8 +80,8 @@ def convert_cpu_linears(model: nn.Module, backend: str = "auto", dtype: torch.dt
     # The skinny GEMM computes each output column alone, in the same order whatever the other columns, so
     # merged q/k/v and gate/up projections give exactly the separate ones' results, in fewer calls.
     for module in model.modules():
-        if hasattr(module, "merge_projections"):
-            module.merge_projections()
+        if callable(merge := getattr(module, "merge_projections", None)):
+            merge()
     pool = ActivationPool()
     _replace(model, lambda linear: PackedLinear(linear, lib, pool))
     return "native skinny GEMM (packed, merged qkv and gate/up)"

@@ -108,6 +108,8 @@ class RMSNorm(nn.Module):
 class Rotary(nn.Module):
     """Rotary position embeddings (rotate-half form), optionally with Llama 3 frequency scaling."""
 
+    inv_freq: torch.Tensor  # a buffer
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         dim = config.head_dim
@@ -189,7 +191,7 @@ class Attention(nn.Module):
             q = self.q_proj(x).view(num_tokens, heads, d)  # (T, H, D)
             k = self.k_proj(x).view(num_tokens, kv_heads, d)  # (T, Hkv, D)
             v = self.v_proj(x).view(num_tokens, kv_heads, d)
-        if self.q_norm is not None:  # per head: rows of d values (reshape copies the strided views)
+        if self.q_norm is not None and self.k_norm is not None:  # per head: rows of d values (reshape copies)
             q = self.q_norm(q.reshape(-1, d)).view(num_tokens, heads, d)
             k = self.k_norm(k.reshape(-1, d)).view(num_tokens, kv_heads, d)
         q, k = self.rotary(q, k, *rope)
@@ -286,5 +288,6 @@ class LlamaForCausalLM(nn.Module):
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             h, residual = layer(h, residual, rope, kv_cache, meta)
+        assert residual is not None  # every model has a layer
         x, _ = self.model.norm(h[sample_indices], residual[sample_indices])
         return self.lm_head(x).float()

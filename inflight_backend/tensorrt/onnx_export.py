@@ -93,7 +93,8 @@ def export(checkpoint: str, block_size: int, path: str | None = None, dtype: str
 
 
 def _graph(cfg: LlamaConfig, w: dict[str, np.ndarray], block_size: int, g: GraphBuilder) -> onnx.ModelProto:
-    pool_shape = [cfg.num_hidden_layers, 2, "num_blocks", block_size, cfg.num_key_value_heads, cfg.head_dim]
+    pool_shape: list[str | int] = [cfg.num_hidden_layers, 2, "num_blocks", block_size, cfg.num_key_value_heads,
+                                   cfg.head_dim]
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["T"]),
               helper.make_tensor_value_info("positions", TensorProto.INT32, ["T"]),
               helper.make_tensor_value_info("kv_pool", g.onnx_type, pool_shape),

@@ -34,4 +34,4 @@ class PagedAttention(OpRun):
 
 
 def evaluator(model) -> ReferenceEvaluator:
-    return ReferenceEvaluator(model, new_ops=[PagedAttention])
+    return ReferenceEvaluator(model, new_ops=[PagedAttention])  # type: ignore[list-item]  # (classes, as documented)

@@ -4,11 +4,12 @@ from __future__ import annotations
 import importlib
 import os
 from pathlib import Path
+from typing import Any
 
 from ..paths import BUILD_DIR
 
 
-def import_trt():
+def import_trt() -> Any:
     """The TensorRT module, or a clear error saying how to install one."""
     for name in ("tensorrt", "tensorrt_rtx"):
         try:
