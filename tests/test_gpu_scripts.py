@@ -1,0 +1,32 @@
+"""The one-shot GPU script (benchmarks/gpu_check.sh) gets a GPU only rarely and for minutes: what of it runs
+without one is run here, so that a GPU session is not spent on a typo. The engine check's own CPU mode runs the
+same code with small shapes; the kernel check says there is no device and stops."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from inflight_backend.paths import PROJECT_ROOT
+
+
+def test_the_shell_script_parses():
+    done = subprocess.run(["bash", "-n", "benchmarks/gpu_check.sh"], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_engine_check_runs_on_the_cpu_with_small_shapes():
+    done = subprocess.run([sys.executable, "benchmarks/gpu_engine_check.py", "--device", "cpu", "--big", "small",
+                           "--streams", "8"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "oracle float32 on cpu: 12 of 12 requests equal transformers' greedy tokens" in done.stdout
+    assert "saturated small bf16, 8 streams of 128 in / 128 out" in done.stdout
+    assert done.stdout.rstrip().endswith("ENGINE CHECKS OK")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: gpu_check.sh runs for real")
+def test_the_kernel_check_without_a_device_says_so():
+    done = subprocess.run([sys.executable, "benchmarks/gpu_check.py"], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert "no CUDA device" in done.stdout + done.stderr
