@@ -6,6 +6,7 @@ anything. Never a default: a model gets it only by naming it. benchmarks/serving
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..scheduler import SchedulerOutput
@@ -16,7 +17,7 @@ class NullRunner(ModelRunner):
     def __init__(self, vocab_size: int, end_ids: tuple[int, ...]) -> None:
         self.vocab_size = vocab_size
         self.token = next(t for t in range(vocab_size) if t not in end_ids)
-        self._row = torch.zeros(1, vocab_size)
+        self._row = np.zeros((1, vocab_size), dtype=np.float32)
         self._row[0, self.token] = 10.0
 
     def describe(self) -> str:
@@ -24,4 +25,6 @@ class NullRunner(ModelRunner):
 
     def execute(self, output: SchedulerOutput) -> torch.Tensor:
         num_sampled = sum(1 for item in output.scheduled if item.sample)
-        return self._row.expand(num_sampled, -1).clone()  # the engine may change its rows in place
+        # A copy: the engine may change its rows in place. numpy's, on this thread: torch's would be a parallel
+        # region, whose barrier waits out a scheduler slice whenever the serving path's threads hold the other core.
+        return torch.from_numpy(np.repeat(self._row, num_sampled, axis=0))
