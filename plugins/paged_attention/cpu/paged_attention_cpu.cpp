@@ -437,11 +437,16 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
   }
 }
 
+// Elements of K (as many of V) below which one thread writes them: a decode step's few rows are copied in
+// microseconds, and a parallel region's barrier waits a whole scheduler slice when the other core is busy (the
+// serving path's threads).
+constexpr int64_t kParallelKvElements = 1 << 18;
+
 template <typename T>
 void write_kv(const pa_params& p, const T* k, const T* v, int64_t st, int64_t sh, const int64_t* slots, T* kc,
               T* vc) {
   const size_t bytes = sizeof(T) * p.head_size;
-#pragma omp parallel for
+#pragma omp parallel for if (int64_t(p.num_tokens) * p.num_kv_heads * p.head_size >= kParallelKvElements)
   for (int t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = slots[t];
     if (slot < 0) continue;
