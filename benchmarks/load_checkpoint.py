@@ -59,8 +59,8 @@ def sample():
 base = anon()
 thread = threading.Thread(target=sample)
 thread.start()
-dtype = getattr(torch, sys.argv[2])
-model = place(load_model(sys.argv[1], make_backend("torch", torch.device("cpu")), dtype), "cpu", sys.argv[3], dtype)
+model = place(load_model(sys.argv[1], make_backend("torch", torch.device("cpu")), getattr(torch, sys.argv[2])), "cpu",
+              sys.argv[3])
 stop.set()
 thread.join()
 print(peak[0] - base, sum(p.numel() * p.element_size() for p in model.parameters()))

@@ -16,7 +16,7 @@ import pytest
 from inflight_backend.server import check_ports_free
 from tests.conftest import free_port, model_config, write_repository
 from tests.test_server_faults import KILLED_CLIENT, REASONS
-from tests.triton_helpers import grpc_generate, metric
+from tests.triton_helpers import grpc_generate, metrics
 
 pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,12 +188,15 @@ class ClientLines:
         return next((kind for kind, i in list(self._lines) if i == index and kind in self.ENDS), None)
 
 
-
 def arrived(served: Served) -> float:
     """Requests the model has taken in so far: those waiting or running, and those ended."""
-    port = served.ports[2]
-    return (sum(metric(port, "inflight_requests", "llm", state=s) for s in ("running", "waiting"))
-            + sum(metric(port, "inflight_requests_finished_total", "llm", reason=r) for r in REASONS))
+    values = metrics(served.ports[2])  # one read of /metrics: the counts are of one moment
+
+    def value(name, **labels):
+        return values.get((name, frozenset({"model": "llm", **labels}.items())), 0.0)
+
+    return (sum(value("inflight_requests", state=s) for s in ("running", "waiting"))
+            + sum(value("inflight_requests_finished_total", reason=r) for r in REASONS))
 
 
 def wait_until(condition, timeout: float = 120.0) -> bool:

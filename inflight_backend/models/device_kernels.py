@@ -10,12 +10,11 @@ from .cpu_layout import PackedLinear, convert_cpu_linears
 from .llama import LlamaForCausalLM
 
 
-def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto",
-          dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    """Convert `model` (in place) for `device` and move it there, in eval mode; `model.linear_layout` names the
-    choice."""
+def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto") -> LlamaForCausalLM:
+    """Convert `model` (in place, in the dtype its weights were loaded in) for `device` and move it there, in
+    eval mode; `model.linear_layout` names the choice."""
     if torch.device(device).type == "cpu":
-        model.linear_layout = convert_cpu_linears(model, linear_backend, dtype)
+        model.linear_layout = convert_cpu_linears(model, linear_backend, model.lm_head.weight.dtype)
         ops = cpu_ops.load_library()
         if isinstance(model.lm_head, PackedLinear) and ops is not None:  # fp32, contiguous linear outputs
             cpu_ops.convert_cpu_ops(model, ops)

@@ -22,8 +22,7 @@ class TorchRunner(ModelRunner):
         self.dtype = DTYPES[dtype]
         self.block_size = block_size
         self.attention = make_backend(attention, self.device)
-        self.model = device_kernels.place(load_model(checkpoint, self.attention, self.dtype), device, linear,
-                                          self.dtype)
+        self.model = device_kernels.place(load_model(checkpoint, self.attention, self.dtype), device, linear)
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
