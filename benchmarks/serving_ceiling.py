@@ -23,10 +23,10 @@ For Triton transports: tokens/s over the wall time from the first request to the
 seconds per 1,000 tokens of tritonserver, of the model's stub process, and of the clients (all processes share
 this machine's cores: the client's share shows whether it, not the server, was the limit).
 
---baseline REV runs this same script against a git worktree of REV (build/baseline/REV, made once: its backend,
-engine and server code, in their own processes) and against this tree, round by round (REV, this, REV, this...
-for --repeat rounds, so a slow phase of this noisy machine hits both), and prints both side by side with the
-ratio of their median rounds. REV needs `engine: null` (528449f or later).
+--baseline REV runs this same script against a git worktree of REV (build/baseline/COMMIT, made once, its native
+kernels built there: its backend, engine and server code, in their own processes) and against this tree, round
+by round (REV, this, REV, this... for --repeat rounds, so a slow phase of this noisy machine hits both), and
+prints both side by side with the ratio of their median rounds. REV needs `engine: null` (528449f or later).
 """
 from __future__ import annotations
 
@@ -315,9 +315,7 @@ def _progress(run: dict) -> None:
 
 def baseline(args) -> dict:
     """Run this script against a worktree of args.baseline (made once under build/baseline/); its results."""
-    tree = ROOT / "build" / "baseline" / args.baseline
-    if not tree.exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.baseline], cwd=ROOT, check=True)
+    tree = baseline_tree(args.baseline)
     out = tree / "build" / "serving_ceiling.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     argv = ["--checkpoint", args.checkpoint, "--streams", *map(str, args.streams), "--prompt-len",
@@ -327,6 +325,22 @@ def baseline(args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "SERVING_CEILING_TREE": str(tree)}
     subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], cwd=tree, env=env, check=True)
     return json.loads(out.read_text())
+
+
+def baseline_tree(rev: str) -> Path:
+    """build/baseline/COMMIT: a worktree of `rev` with its own native kernels built (without them its engine would
+    fall back to torch's ops and measure something this tree does not run), made once per commit."""
+    commit = subprocess.run(["git", "rev-parse", "--short", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    tree = ROOT / "build" / "baseline" / commit
+    if not tree.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True)
+    if not (tree / "build" / "lib").is_dir():
+        build = tree / "build" / "cmake"
+        subprocess.run(["cmake", "-S", str(tree), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"], check=True,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run(["cmake", "--build", str(build), "-j"], check=True, stdout=subprocess.DEVNULL)
+    return tree
 
 
 def table(results: list[dict]) -> str:
