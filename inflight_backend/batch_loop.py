@@ -186,7 +186,8 @@ class BatchLoop:
                 if more is None:
                     end = True
                     break
-                outputs, stats, behind = outputs + more[0], more[1], True
+                outputs.extend(more[0])  # the engine thread made each list for this queue alone
+                stats, behind = more[1], True
             if behind:
                 outputs = coalesce(outputs)
             try:
