@@ -71,10 +71,7 @@ class EngineConfig:
         _check(0 < self.cancel_check_max_share <= 1, "cancel_check_max_share must be in (0, 1]")
         _check(self.max_prompt_bytes >= 0, "max_prompt_bytes must be >= 0")
         _check(self.max_prompt_tokens >= 0, "max_prompt_tokens must be >= 0")
-        _check(self.batching_policy in BATCHING_POLICIES,
-               f"batching_policy must be one of {BATCHING_POLICIES}, got {self.batching_policy!r}")
-        _check(self.capacity_policy in CAPACITY_POLICIES,
-               f"capacity_policy must be one of {CAPACITY_POLICIES}, got {self.capacity_policy!r}")
+        check_policies(self.batching_policy, self.capacity_policy)
         _check(self.max_queue_delay_ms >= 0, "max_queue_delay_ms must be >= 0")
         _check(self.max_queue_size >= 0, "max_queue_size must be >= 0")
         _check(self.priority_aging_s > 0, "priority_aging_s must be > 0")
@@ -118,6 +115,14 @@ def _parse(field: dataclasses.Field, raw: str):
     except ValueError:
         raise ValueError(f"parameter {field.name!r}: expected {kind}, got {raw!r}") from None
     return text
+
+
+def check_policies(batching_policy: str, capacity_policy: str) -> None:
+    """The policy names, checked here for a model's configuration and for the scheduler's own (SchedulerConfig)."""
+    _check(batching_policy in BATCHING_POLICIES,
+           f"batching_policy must be one of {BATCHING_POLICIES}, got {batching_policy!r}")
+    _check(capacity_policy in CAPACITY_POLICIES,
+           f"capacity_policy must be one of {CAPACITY_POLICIES}, got {capacity_policy!r}")
 
 
 def _check(ok: bool, message: str) -> None:

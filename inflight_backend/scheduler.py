@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager, blocks_for
-from .config import BATCHING_POLICIES as POLICIES, CAPACITY_POLICIES, EngineConfig
+from .config import EngineConfig, check_policies
 from .request import Request, RequestStatus
 
 
@@ -28,6 +28,9 @@ class SchedulerConfig:
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds
     max_chunk_tokens: int = 0  # chunked prefill: one request's prompt tokens per step; 0: the whole budget
     cache_aware_wait_s: float = 0.0  # > 0: longest cached prefix first among equals, for at most this long
+
+    def __post_init__(self) -> None:
+        check_policies(self.policy, self.capacity_policy)
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig) -> SchedulerConfig:
@@ -88,10 +91,6 @@ CACHE_AWARE_WINDOW = 64
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
-        if config.policy not in POLICIES:
-            raise ValueError(f"batching_policy must be one of {POLICIES}, got {config.policy!r}")
-        if config.capacity_policy not in CAPACITY_POLICIES:
-            raise ValueError(f"capacity_policy must be one of {CAPACITY_POLICIES}, got {config.capacity_policy!r}")
         self.config = config
         self.blocks = block_manager
         self.waiting: list[Request] = []

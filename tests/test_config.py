@@ -19,10 +19,22 @@ def test_parameters_are_typed_and_paths_resolved(tmp_path):
     ({"checkpoint": "m", "attention_backend": "flash"}, "attention_backend must be one of"),
     ({"checkpoint": "m", "max_batch_size": "8", "max_num_tokens": "4"}, "max_num_tokens"),
     ({"checkpoint": "m", "max_chunk_tokens": "-1"}, "max_chunk_tokens must be >= 0"),
+    ({"checkpoint": "m", "batching_policy": "orca"}, "batching_policy must be one of"),
+    ({"checkpoint": "m", "capacity_policy": "evict"}, "capacity_policy must be one of"),
 ])
 def test_invalid_parameters_are_rejected_with_the_reason(params, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig.from_parameters(params)
+
+
+@pytest.mark.parametrize("fields, message", [({"policy": "orca"}, "batching_policy must be one of"),
+                                             ({"capacity_policy": "evict"}, "capacity_policy must be one of")])
+def test_the_schedulers_own_config_rejects_unknown_policies(fields, message):
+    from inflight_backend.scheduler import SchedulerConfig
+
+    with pytest.raises(ValueError, match=message):
+        SchedulerConfig(4, 64, **fields)
+    assert SchedulerConfig(4, 64).policy == "fused"
 
 
 def test_serve_preflight_names_a_missing_checkpoint(tmp_path, tiny_model):
