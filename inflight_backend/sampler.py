@@ -53,15 +53,14 @@ def non_finite_rows(logits: torch.Tensor, tokens: list[int]) -> list[int]:
     """The rows whose chosen logit logits[row, tokens[row]] is NaN or infinite (O(rows)). On the CPU through
     numpy, as mask_logits: 13 us at 256 rows against torch's 32 (its indexing is a parallel region)."""
     if _numpy_view_ok(logits):
-        bad = ~np.isfinite(logits.numpy()[np.arange(len(tokens)), tokens])
-        return np.flatnonzero(bad).tolist() if bad.any() else []
+        return np.flatnonzero(~np.isfinite(logits.numpy()[np.arange(len(tokens)), tokens])).tolist()
     rows = torch.arange(len(tokens), device=logits.device)
     chosen = logits[rows, torch.tensor(tokens, dtype=torch.int64, device=logits.device)]
     return torch.nonzero(~torch.isfinite(chosen)).flatten().tolist()
 
 
 def _numpy_view_ok(logits: torch.Tensor) -> bool:
-    return logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous()
+    return logits.device.type == "cpu" and logits.dtype == torch.float32  # numpy follows any strides
 
 
 def mask_logits(logits: torch.Tensor, rows: list[int], token_ids: list[int]) -> None:

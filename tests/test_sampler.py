@@ -66,7 +66,7 @@ def test_a_step_that_samples_no_row_returns_nothing():
 
 @pytest.mark.parametrize("layout", ["float32", "bfloat16", "transposed"])
 def test_masks_set_exactly_the_given_cells_to_minus_infinity(layout):
-    """The numpy path (contiguous float32 on the CPU) and torch's (any other) mask the same cells, repeats
+    """The numpy path (float32 on the CPU, any strides) and torch's (any other) mask the same cells, repeats
     included, and nothing else."""
     with torch.inference_mode():  # as the runner's logits are
         base = torch.randn(6, 40, generator=torch.Generator().manual_seed(3))
