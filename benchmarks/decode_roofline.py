@@ -50,18 +50,28 @@ def gemm_peak(dtype: torch.dtype, repeat: int) -> float:
     return 2 * 2048 ** 3 / min(_timed(lambda: a @ b) for _ in range(max(repeat, 5)))
 
 
-def step_time(engine: InflightEngine, batch: int, steps: int, repeat: int, tag: str) -> float:
+def step_time(engine: InflightEngine, batch: int, steps: int, repeat: int, tag: str) -> tuple[float, float | None]:
+    """The best step time over `repeat` runs of `steps` steps, and, when the model runs its layers in one native
+    call (models/decoder_stack.py), the same through its modules, the two runs alternating."""
+    model = engine.runner.model
+    stack = model.decoder_stack
+    modes = [stack] if stack is None else [stack, None]
     rng = random.Random(batch)
-    total = steps * repeat + 8
+    total = steps * repeat * len(modes) + 8
     for i in range(batch):
         engine.add_request(f"{tag}-{i}", [rng.randrange(3, engine.runner.vocab_size) for _ in range(64)],
                            SamplingParams(max_tokens=total, min_tokens=total))
     for _ in range(6):  # prefill, then warm decode steps
         engine.step()
-    best = min(_timed(lambda: [engine.step() for _ in range(steps)]) for _ in range(repeat)) / steps
+    best = [float("inf")] * len(modes)
+    for _ in range(repeat):
+        for i, mode in enumerate(modes):
+            model.decoder_stack = mode
+            best[i] = min(best[i], _timed(lambda: [engine.step() for _ in range(steps)]) / steps)
+    model.decoder_stack = stack
     while engine.has_unfinished():
         engine.step()
-    return best
+    return best[0], best[1] if stack is not None else None
 
 
 def profile(engine: InflightEngine, batch: int, steps: int, top: int = 14) -> str:
@@ -147,13 +157,14 @@ def main(argv=None) -> None:
     peak = gemm_peak(engine.runner.dtype, args.repeat)
     print(f"{engine.runner.describe()}; {torch.get_num_threads()} threads; weights streamed per step "
           f"{weights / 1e6:.0f} MB; read bandwidth {bandwidth / 1e9:.1f} GB/s; GEMM peak {peak / 1e9:.0f} GFLOP/s")
-    print("| batch | step (ms) | tokens/s | memory floor (ms) | compute floor (ms) | step / floor | GFLOP/s |\n"
-          "|---:|---:|---:|---:|---:|---:|---:|")
+    print("| batch | step (ms) | tokens/s | memory floor (ms) | compute floor (ms) | step / floor | GFLOP/s "
+          "| through the modules (ms) | modules / one call |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for batch in args.batches:
-        t = step_time(engine, batch, args.steps, args.repeat, f"b{batch}")
+        t, modules = step_time(engine, batch, args.steps, args.repeat, f"b{batch}")
         memory, compute = weights / bandwidth, 2 * params * batch / peak
+        apart = "| - | - |" if modules is None else f"| {modules * 1e3:.2f} | {modules / t:.2f} |"
         print(f"| {batch} | {t * 1e3:.2f} | {batch / t:.0f} | {memory * 1e3:.2f} | {compute * 1e3:.2f} | "
-              f"{t / max(memory, compute):.2f} | {2 * params * batch / t / 1e9:.0f} |", flush=True)
+              f"{t / max(memory, compute):.2f} | {2 * params * batch / t / 1e9:.0f} {apart}", flush=True)
     if args.profile:
         print(profile(engine, max(args.batches), args.steps))
 

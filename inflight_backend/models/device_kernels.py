@@ -1,11 +1,12 @@
 """Which kernels a loaded model computes with on its device, chosen once after loading (checkpoint.py only
 loads weights). On the CPU: the linear layers' layout (cpu_layout.py) and, with the native one, the ops fused
-between them (cpu_ops.py); elsewhere torch's own modules."""
+between them (cpu_ops.py) and the whole layer stack in one call (decoder_stack.py); elsewhere torch's own
+modules."""
 from __future__ import annotations
 
 import torch
 
-from . import cpu_ops
+from . import cpu_ops, decoder_stack
 from .cpu_layout import PackedLinear, convert_cpu_linears
 from .llama import LlamaForCausalLM
 
@@ -19,4 +20,8 @@ def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto") ->
         if isinstance(model.lm_head, PackedLinear) and ops is not None:  # fp32, contiguous linear outputs
             cpu_ops.convert_cpu_ops(model, ops)
             model.linear_layout += " + fused CPU ops"
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if torch.device(device).type == "cpu" and (stack := decoder_stack.build(model)) is not None:
+        model.decoder_stack = stack
+        model.linear_layout += ", layers in one native call"
+    return model

@@ -7,6 +7,7 @@ only attention is per sequence, through the paged KV cache. Module names follow 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -279,6 +280,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.linear_layout = "torch (nn.Linear)"  # what models/device_kernels.py chose
         self.load_report = ""  # what loading took (checkpoint.py)
+        self.decoder_stack: Callable | None = None  # the layers in one native call (models/decoder_stack.py)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list,
                 meta: AttentionMetadata, sample_indices: torch.Tensor) -> torch.Tensor:
@@ -286,7 +288,9 @@ class LlamaForCausalLM(nn.Module):
         h = self.model.embed_tokens(input_ids)  # (T, hidden)
         rope = self.model.rotary.tables(positions, h.dtype)
         residual = None
-        for layer, kv_cache in zip(self.model.layers, kv_caches):
+        if self.decoder_stack is not None:
+            h, residual = self.decoder_stack(h, rope, kv_caches, meta)
+        for layer, kv_cache in zip(self.model.layers if residual is None else (), kv_caches):
             h, residual = layer(h, residual, rope, kv_cache, meta)
         assert residual is not None  # every model has a layer
         x, _ = self.model.norm(h[sample_indices], residual[sample_indices])

@@ -1,0 +1,101 @@
+// The decoder layer stack in one call (see include/decoder_stack.h). Each layer, on the residual stream:
+//   n = RMSNorm(residual += h)          (layer 0: residual = h, n = RMSNorm(h))
+//   qkv = n @ Wqkv; rotary on q and k in place; k, v -> the paged cache; a = attention(q)
+//   h = a @ Wo; n = RMSNorm(residual += h); gu = n @ Wgate_up; act = silu(gate) * up; h = act @ Wdown
+// the same kernel calls, arguments and order as models/llama.py's modules with models/cpu_ops.py's fused ops.
+#include "decoder_stack.h"
+
+#include <string.h>
+
+#include "cpu_ops.h"
+#include "paged_attention.h"
+#include "skinny_gemm.h"
+
+namespace {
+
+struct Widths {
+  int64_t hidden, q, kv, qkv, inter;
+  explicit Widths(const dec_stack& s)
+      : hidden(s.hidden), q(int64_t(s.num_heads) * s.head_dim), kv(int64_t(s.num_kv_heads) * s.head_dim),
+        qkv(q + 2 * kv), inter(s.intermediate) {}
+  // Per token: the normed input, then one region the attention half (qkv, its output) and the MLP half
+  // (gate/up, its activation) take in turn.
+  int64_t attention_half() const { return qkv + q; }
+  int64_t mlp_half() const { return 3 * inter; }
+  int64_t per_token() const { return hidden + (attention_half() > mlp_half() ? attention_half() : mlp_half()); }
+};
+
+bool valid(const dec_stack& s) {
+  return s.num_layers > 0 && s.hidden > 0 && s.num_heads > 0 && s.num_kv_heads > 0 && s.head_dim > 0 &&
+         s.intermediate > 0 && s.block_size > 0 && s.layers != nullptr;
+}
+
+pa_params attention_params(const dec_stack& s, const dec_step& st, const Widths& w, int32_t window) {
+  pa_params p{};
+  p.num_seqs = st.num_seqs;
+  p.num_tokens = st.num_tokens;
+  p.num_heads = s.num_heads;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_size = s.head_dim;
+  p.block_size = s.block_size;
+  p.max_blocks_per_seq = st.max_blocks_per_seq;
+  p.max_context_len = st.max_context_len;
+  p.scale = s.scale;
+  p.dtype = PA_FLOAT32;
+  p.sliding_window = window;
+  p.q_stride_token = w.qkv;  // q is read in place from the qkv rows
+  p.q_stride_head = s.head_dim;
+  p.out_stride_token = w.q;
+  p.out_stride_head = s.head_dim;
+  p.kv_stride_block = s.kv_stride_block;
+  p.kv_stride_token = s.kv_stride_token;
+  p.kv_stride_head = s.kv_stride_head;
+  return p;
+}
+
+}  // namespace
+
+extern "C" int64_t dec_workspace_floats(const dec_stack* s, int64_t num_tokens) {
+  return Widths(*s).per_token() * (num_tokens > 0 ? num_tokens : 0);
+}
+
+extern "C" int dec_forward_f32(const dec_stack* s, const dec_step* st, float* h, float* residual, float* workspace,
+                               int64_t workspace_floats) {
+  if (!valid(*s) || st->num_tokens < 0 || st->num_seqs < 0) return DEC_ERR_SHAPE;
+  const Widths w(*s);
+  const int64_t T = st->num_tokens;
+  if (workspace_floats < w.per_token() * T || (T > 0 && workspace == nullptr)) return DEC_ERR_WORKSPACE;
+  float* normed = workspace;                 // (T, hidden)
+  float* qkv = workspace + T * w.hidden;     // (T, qkv)
+  float* attn = qkv + T * w.qkv;             // (T, q)
+  float* gate_up = qkv;                      // (T, 2 inter), once qkv and attn are spent
+  float* act = gate_up + T * 2 * w.inter;    // (T, inter)
+  for (int32_t l = 0; l < s->num_layers; ++l) {
+    const dec_layer& L = s->layers[l];
+    if (l == 0) {
+      memcpy(residual, h, sizeof(float) * T * w.hidden);
+      if (ops_rms_norm_f32(residual, T, w.hidden, w.hidden, L.input_norm, s->eps, normed)) return DEC_ERR_OPS;
+    } else if (ops_add_rms_norm_f32(residual, h, T, w.hidden, w.hidden, w.hidden, L.input_norm, s->eps, normed)) {
+      return DEC_ERR_OPS;
+    }
+    if (sg_gemm_f32(normed, T, w.hidden, w.hidden, L.qkv, w.qkv, L.qkv_bias, qkv)) return DEC_ERR_GEMM;
+    // q's and k's heads lie side by side in each row: one rotary call over both.
+    if (ops_rotary_f32(qkv, T, s->num_heads + s->num_kv_heads, s->head_dim, w.qkv, st->cos, st->sin))
+      return DEC_ERR_OPS;
+    const pa_params p = attention_params(*s, *st, w, L.sliding_window);
+    if (pa_cpu_write_kv(&p, qkv + w.q, qkv + w.q + w.kv, w.qkv, s->head_dim, st->slot_mapping, L.k_cache,
+                        L.v_cache))
+      return DEC_ERR_ATTENTION;
+    if (pa_cpu_attention(&p, qkv, L.k_cache, L.v_cache, st->block_tables, st->context_lens, st->query_start_loc,
+                         attn))
+      return DEC_ERR_ATTENTION;
+    if (sg_gemm_f32(attn, T, w.q, w.q, L.o, w.hidden, L.o_bias, h)) return DEC_ERR_GEMM;
+    if (ops_add_rms_norm_f32(residual, h, T, w.hidden, w.hidden, w.hidden, L.post_norm, s->eps, normed))
+      return DEC_ERR_OPS;
+    if (sg_gemm_f32(normed, T, w.hidden, w.hidden, L.gate_up, 2 * w.inter, L.gate_up_bias, gate_up))
+      return DEC_ERR_GEMM;
+    if (ops_silu_mul_f32(gate_up, gate_up + w.inter, T, w.inter, 2 * w.inter, act)) return DEC_ERR_OPS;
+    if (sg_gemm_f32(act, T, w.inter, w.inter, L.down, w.hidden, L.down_bias, h)) return DEC_ERR_GEMM;
+  }
+  return DEC_OK;
+}

@@ -1,0 +1,67 @@
+// A Llama decoder's layer stack for one engine step on the CPU, in one call: every layer's norms, projections,
+// rotary embedding, paged KV write, attention and MLP, through the same kernels the Python modules call one by
+// one (plugins/linear, plugins/cpu_ops, plugins/paged_attention), in the same order on the same buffers, so its
+// results are bitwise those of the module path. What it removes is the ~100 Python calls a step that sit between
+// those kernels (their argument checks, views and output tensors): most of a small decode step beyond its GEMMs.
+//
+// fp32 only; weights packed by sg_pack_f32, q/k/v and gate/up merged; KV caches laid out as paged_attention.h
+// describes. The step's embeddings come in `h`; on return `h` holds the last layer's output and `residual` the
+// residual stream before it (the model's final norm adds the two, as the module path does).
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { DEC_OK = 0, DEC_ERR_SHAPE = 1, DEC_ERR_WORKSPACE = 2, DEC_ERR_GEMM = 3, DEC_ERR_OPS = 4,
+       DEC_ERR_ATTENTION = 5 };
+
+typedef struct dec_layer {
+  const float* input_norm;    // (hidden,)
+  const float* post_norm;     // (hidden,)
+  const float* qkv;           // packed (hidden, q_size + 2 kv_size): each token's q heads, then k, then v
+  const float* qkv_bias;      // (q_size + 2 kv_size,) or NULL
+  const float* o;             // packed (q_size, hidden)
+  const float* o_bias;        // or NULL
+  const float* gate_up;       // packed (hidden, 2 intermediate): [gate | up]
+  const float* gate_up_bias;  // or NULL
+  const float* down;          // packed (intermediate, hidden)
+  const float* down_bias;     // or NULL
+  float* k_cache;             // (num_blocks, block_size, num_kv_heads, head_dim) at the strides of dec_stack
+  float* v_cache;
+  int32_t sliding_window;     // 0: full causal attention
+  int32_t reserved;           // 0
+} dec_layer;
+
+typedef struct dec_stack {
+  int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size, reserved;
+  float eps;    // every RMSNorm's
+  float scale;  // attention's softmax scale
+  int64_t kv_stride_block, kv_stride_token, kv_stride_head;
+  const dec_layer* layers;  // num_layers of them
+} dec_stack;
+
+// One step's tokens and their paged-attention metadata (as paged_attention.h's arguments).
+typedef struct dec_step {
+  int32_t num_tokens, num_seqs, max_blocks_per_seq, max_context_len;
+  const float* cos;  // (num_tokens, head_dim): the rotary tables, shared by every layer
+  const float* sin;
+  const int32_t* block_tables;     // (num_seqs, max_blocks_per_seq)
+  const int32_t* context_lens;     // (num_seqs,)
+  const int32_t* query_start_loc;  // (num_seqs + 1,)
+  const int64_t* slot_mapping;     // (num_tokens,)
+} dec_step;
+
+// Floats of workspace dec_forward_f32 needs for a step of `num_tokens` tokens.
+int64_t dec_workspace_floats(const dec_stack* s, int64_t num_tokens);
+
+// Run every layer. h: (num_tokens, hidden) contiguous, the embeddings in, the last layer's output out;
+// residual: (num_tokens, hidden) contiguous, written. Returns DEC_OK, or the first failing kernel's kind (the
+// outputs and KV caches are then partly written). With num_tokens 0 it only checks the shapes.
+int dec_forward_f32(const dec_stack* s, const dec_step* step, float* h, float* residual, float* workspace,
+                    int64_t workspace_floats);
+
+#ifdef __cplusplus
+}
+#endif
