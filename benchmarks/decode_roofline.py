@@ -10,9 +10,13 @@ weight per sequence. The floor of a step is the larger of: those bytes over the 
 in the same dtype). Steps are timed in-process (engine.step(): schedule + model + sample) with every
 sequence at a 64-token prompt; each figure is the best of --repeat runs of --steps steps.
 
+When the model runs its layers in one native call (models/decoder_stack.py), each batch is also timed through
+its modules, the two alternating: the last two columns.
+
 --profile: then, at the largest batch, where a decode step's time goes: torch.profiler over --steps steps, each
 operator's share (our native kernels appear as their custom ops), and the step's time outside any operator
-(Python: scheduling, sampling, the runner's inputs).
+(Python: scheduling, sampling, the runner's inputs); with the layers in one call (`dec_forward_f32`), the same
+again through the modules, which shows that call's kernels one by one.
 """
 from __future__ import annotations
 
@@ -166,7 +170,14 @@ def main(argv=None) -> None:
         print(f"| {batch} | {t * 1e3:.2f} | {batch / t:.0f} | {memory * 1e3:.2f} | {compute * 1e3:.2f} | "
               f"{t / max(memory, compute):.2f} | {2 * params * batch / t / 1e9:.0f} {apart}", flush=True)
     if args.profile:
+        model = engine.runner.model
+        stack = model.decoder_stack
         print(profile(engine, max(args.batches), args.steps))
+        if stack is not None:  # its kernels run inside one C call: the module path shows them one by one
+            model.decoder_stack = None
+            print("\nThe same through the modules (the same kernels, called from Python):")
+            print(profile(engine, max(args.batches), args.steps))
+            model.decoder_stack = stack
 
 
 if __name__ == "__main__":
