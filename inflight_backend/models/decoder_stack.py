@@ -1,11 +1,11 @@
 """The decoder layer stack in one native call (plugins/decoder, libinflight_decoder_cpu.so), through its C ABI.
 
-With the native linear layout and fused ops (cpu_layout.py, cpu_ops.py) a layer is 10 kernel calls, and a step
-of the medium model spends about as long again in the Python around them (module calls, argument checks, views,
-output tensors) as in its smaller kernels: ~100 calls at 5-15 us. `DecoderStack` hands every layer's weights and
-caches to the library once and runs the whole stack in one call a step, with the same kernels on the same
-buffers in the same order, so its results are bitwise the module path's. Only for models the module path would
-run on exactly those kernels (`build` says which); anything else keeps the modules.
+With the native linear layout and fused ops (cpu_layout.py, cpu_ops.py) a layer is 10 kernel calls, with Python
+between them (module calls, argument checks, views, output tensors). `DecoderStack` hands every layer's weights
+and caches to the library once and runs the whole stack in one call a step, with the same kernels on the same
+buffers in the same order, so its results are bitwise the module path's; the module path's decode steps took
+1.26-1.43x as long on the medium model (benchmarks/decode_roofline.py times both). Only for models the module
+path would run on exactly those kernels (`build` says which); anything else keeps the modules.
 """
 from __future__ import annotations
 

@@ -287,11 +287,12 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: (T,); kv_caches: one (k, v) pair per layer -> (num_sampled, vocab) fp32."""
         h = self.model.embed_tokens(input_ids)  # (T, hidden)
         rope = self.model.rotary.tables(positions, h.dtype)
-        residual = None
-        if self.decoder_stack is not None:
+        if self.decoder_stack is not None:  # the same layers in one native call
             h, residual = self.decoder_stack(h, rope, kv_caches, meta)
-        for layer, kv_cache in zip(self.model.layers if residual is None else (), kv_caches):
-            h, residual = layer(h, residual, rope, kv_cache, meta)
-        assert residual is not None  # every model has a layer
+        else:
+            residual = None
+            for layer, kv_cache in zip(self.model.layers, kv_caches):
+                h, residual = layer(h, residual, rope, kv_cache, meta)
+            assert residual is not None  # every model has a layer
         x, _ = self.model.norm(h[sample_indices], residual[sample_indices])
         return self.lm_head(x).float()
