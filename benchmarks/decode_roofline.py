@@ -70,12 +70,21 @@ def step_time(engine: InflightEngine, batch: int, steps: int, repeat: int, tag: 
     best = [float("inf")] * len(modes)
     for _ in range(repeat):
         for i, mode in enumerate(modes):
-            model.decoder_stack = mode
-            best[i] = min(best[i], _timed(lambda: [engine.step() for _ in range(steps)]) / steps)
-    model.decoder_stack = stack
+            with _decoder_stack(model, mode):
+                best[i] = min(best[i], _timed(lambda: [engine.step() for _ in range(steps)]) / steps)
     while engine.has_unfinished():
         engine.step()
-    return best[0], best[1] if stack is not None else None
+    return best[0], (best[1] if len(modes) > 1 else None)
+
+
+@contextlib.contextmanager
+def _decoder_stack(model, stack):
+    """Run the model's layers through `stack` (None: through its modules) inside the block."""
+    saved, model.decoder_stack = model.decoder_stack, stack
+    try:
+        yield
+    finally:
+        model.decoder_stack = saved
 
 
 def profile(engine: InflightEngine, batch: int, steps: int, top: int = 14) -> str:
@@ -170,14 +179,11 @@ def main(argv=None) -> None:
         print(f"| {batch} | {t * 1e3:.2f} | {batch / t:.0f} | {memory * 1e3:.2f} | {compute * 1e3:.2f} | "
               f"{t / max(memory, compute):.2f} | {2 * params * batch / t / 1e9:.0f} {apart}", flush=True)
     if args.profile:
-        model = engine.runner.model
-        stack = model.decoder_stack
         print(profile(engine, max(args.batches), args.steps))
-        if stack is not None:  # its kernels run inside one C call: the module path shows them one by one
-            model.decoder_stack = None
-            print("\nThe same through the modules (the same kernels, called from Python):")
-            print(profile(engine, max(args.batches), args.steps))
-            model.decoder_stack = stack
+        if engine.runner.model.decoder_stack is not None:  # its kernels run inside one C call: the module
+            with _decoder_stack(engine.runner.model, None):  # path shows them one by one
+                print("\nThe same through the modules (the same kernels, called from Python):")
+                print(profile(engine, max(args.batches), args.steps))
 
 
 if __name__ == "__main__":

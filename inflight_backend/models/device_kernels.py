@@ -20,8 +20,8 @@ def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto") ->
         if isinstance(model.lm_head, PackedLinear) and ops is not None:  # fp32, contiguous linear outputs
             cpu_ops.convert_cpu_ops(model, ops)
             model.linear_layout += " + fused CPU ops"
-    model = model.to(device).eval()
-    if torch.device(device).type == "cpu" and (stack := decoder_stack.build(model)) is not None:
-        model.decoder_stack = stack
-        model.linear_layout += ", layers in one native call"
-    return model
+            # (the stack points at the weights; moving a CPU model to the CPU leaves them where they are)
+            if (stack := decoder_stack.build(model)) is not None:
+                model.decoder_stack = stack
+                model.linear_layout += ", layers in one native call"
+    return model.to(device).eval()

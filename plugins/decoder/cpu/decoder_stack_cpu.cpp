@@ -30,7 +30,8 @@ bool valid(const dec_stack& s) {
          s.intermediate > 0 && s.block_size > 0 && s.layers != nullptr;
 }
 
-pa_params attention_params(const dec_stack& s, const dec_step& st, const Widths& w, int32_t window) {
+// The step's attention parameters; each layer sets its own sliding window.
+pa_params attention_params(const dec_stack& s, const dec_step& st, const Widths& w) {
   pa_params p{};
   p.num_seqs = st.num_seqs;
   p.num_tokens = st.num_tokens;
@@ -42,7 +43,6 @@ pa_params attention_params(const dec_stack& s, const dec_step& st, const Widths&
   p.max_context_len = st.max_context_len;
   p.scale = s.scale;
   p.dtype = PA_FLOAT32;
-  p.sliding_window = window;
   p.q_stride_token = w.qkv;  // q is read in place from the qkv rows
   p.q_stride_head = s.head_dim;
   p.out_stride_token = w.q;
@@ -70,6 +70,7 @@ extern "C" int dec_forward_f32(const dec_stack* s, const dec_step* st, float* h,
   float* attn = qkv + T * w.qkv;             // (T, q)
   float* gate_up = qkv;                      // (T, 2 inter), once qkv and attn are spent
   float* act = gate_up + T * 2 * w.inter;    // (T, inter)
+  pa_params p = attention_params(*s, *st, w);
   for (int32_t l = 0; l < s->num_layers; ++l) {
     const dec_layer& L = s->layers[l];
     if (l == 0) {
@@ -82,7 +83,7 @@ extern "C" int dec_forward_f32(const dec_stack* s, const dec_step* st, float* h,
     // q's and k's heads lie side by side in each row: one rotary call over both.
     if (ops_rotary_f32(qkv, T, s->num_heads + s->num_kv_heads, s->head_dim, w.qkv, st->cos, st->sin))
       return DEC_ERR_OPS;
-    const pa_params p = attention_params(*s, *st, w, L.sliding_window);
+    p.sliding_window = L.sliding_window;
     if (pa_cpu_write_kv(&p, qkv + w.q, qkv + w.q + w.kv, w.qkv, s->head_dim, st->slot_mapping, L.k_cache,
                         L.v_cache))
       return DEC_ERR_ATTENTION;
