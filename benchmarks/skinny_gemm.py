@@ -1,4 +1,5 @@
-"""CPU linear layers side by side: torch (MKL) on input-major weights vs the native skinny GEMM on packed panels.
+"""CPU linear layers side by side: torch (MKL) on input-major weights, the native skinny GEMM on packed panels and,
+on processors with AMX, the AMX GEMM (bf16x6 pieces, fp32 accuracy) that prefill-sized inputs take.
 
     .venv/bin/python benchmarks/skinny_gemm.py [--checkpoint build/models/bench-medium] [--rows 1 4 8 16 32 64 2048]
                                                [--repeat 5]
@@ -45,17 +46,29 @@ def main(argv=None) -> None:
     h, kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim
     shapes = {"q/o": (h, h), "k/v": (h, kv), "gate/up": (h, cfg.intermediate_size),
               "down": (cfg.intermediate_size, h), "lm_head": (h, cfg.vocab_size)}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {args.repeat}; ms per call")
-    print("| layer (K x N) | rows | torch input-major | native packed | speed-up |\n|---|---:|---:|---:|---:|")
+    amx = skinny_gemm.amx_available(lib)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {args.repeat}; ms per call; "
+          + ("AMX GEMM measured" if amx else "no AMX on this processor"))
+    print("| layer (K x N) | rows | torch input-major | native packed | speed-up | AMX | AMX / packed |\n"
+          "|---|---:|---:|---:|---:|---:|---:|")
     for name, (k, n) in shapes.items():
         weight_t = torch.randn(k, n)
         packed = skinny_gemm.pack(lib, weight_t)
+        amx_packed = skinny_gemm.amx_pack(lib, weight_t) if amx else None
         for rows in args.rows:
             x = torch.randn(rows, k)
             torch.testing.assert_close(skinny_gemm.gemm(lib, x, packed, n, None), x @ weight_t, atol=1e-3, rtol=1e-4)
             mkl = best_ms(lambda: x @ weight_t, args.repeat)
             native = best_ms(lambda: skinny_gemm.gemm(lib, x, packed, n, None), args.repeat)
-            print(f"| {name} ({k} x {n}) | {rows} | {mkl:.3f} | {native:.3f} | {mkl / native:.2f}x |", flush=True)
+            row = f"| {name} ({k} x {n}) | {rows} | {mkl:.3f} | {native:.3f} | {mkl / native:.2f}x |"
+            if amx_packed is not None:
+                torch.testing.assert_close(skinny_gemm.amx_gemm(lib, x, amx_packed, n, None), x @ weight_t,
+                                           atol=1e-3, rtol=1e-4)
+                tiles = best_ms(lambda: skinny_gemm.amx_gemm(lib, x, amx_packed, n, None), args.repeat)
+                row += f" {tiles:.3f} | {native / tiles:.2f}x |"
+            else:
+                row += " | |"
+            print(row, flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import torch
 
 from inflight_backend.config import EngineConfig
 from inflight_backend.engine import InflightEngine
-from inflight_backend.models import decoder_stack
+from inflight_backend.models import decoder_stack, skinny_gemm
 from inflight_backend.request import SamplingParams
 from tests.test_model_families import make_family_checkpoint
 
@@ -85,6 +85,9 @@ def test_prefill_larger_than_any_step_before_grows_the_workspace(tiny_model, ora
     stack = engine.runner.model.decoder_stack
     assert largest > len(cases[-1][0]) - 1
     assert stack._workspace.numel() == lib.dec_workspace_floats(stack._stack, largest)  # grown to fit, no more
+    sgemm = skinny_gemm.load_library()
+    if skinny_gemm.amx_available(sgemm):  # the prefills multiplied through AMX, in both paths alike
+        assert largest >= skinny_gemm.amx_min_rows(sgemm) and stack._layers[0].gate_up_amx
 
 
 def test_only_models_the_modules_would_run_on_its_kernels(tiny_model, tmp_path):

@@ -8,13 +8,18 @@
 - `torch`: InputMajorLinear, the weight stored transposed, (in, out) contiguous: MKL's GEMM for few rows runs
   up to 2x faster with that layout than with nn.Linear's (out, in).
 `auto` picks native for fp32 when the library is built with AVX-512 or AVX2+FMA, else torch. CUDA models keep nn.Linear.
+
+With the native layout on a processor with AMX (`amx_gemm`), each layer's weights are also packed as three bf16
+pieces (amx_gemm.h), and inputs of at least `skinny_gemm.amx_min_rows` rows (prefill steps) multiply through AMX
+tiles at fp32 accuracy, 1.3-1.7x faster than the skinny GEMM there; 6 more bytes of memory per weight. The LM
+head keeps one copy: it only sees a step's sampled rows, one per sequence.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..config import LINEAR_BACKENDS
+from ..config import AMX_GEMM, LINEAR_BACKENDS
 from . import skinny_gemm
 from .activation_pool import ActivationPool
 
@@ -34,14 +39,18 @@ class InputMajorLinear(nn.Module):
 
 
 class PackedLinear(nn.Module):
-    """y = x @ W^T + bias through the native skinny GEMM; fp32 only, one packed copy of the weight. Large outputs
-    go in buffers of `pool` (shared by a model's layers) that nothing holds any more."""
+    """y = x @ W^T + bias through the native skinny GEMM; fp32 only, one packed copy of the weight, and with
+    `amx` its AMX form too, used from `amx_min_rows` rows on. Large outputs go in buffers of `pool` (shared by a
+    model's layers) that nothing holds any more."""
 
-    def __init__(self, linear: nn.Linear, lib, pool: ActivationPool | None = None) -> None:
+    def __init__(self, linear: nn.Linear, lib, pool: ActivationPool | None = None, amx: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight_t = linear.weight.detach().float().t().contiguous()
         self.packed = nn.Parameter(skinny_gemm.pack(lib, weight_t), requires_grad=False)
+        self.amx_packed = (nn.Parameter(skinny_gemm.amx_pack(lib, weight_t), requires_grad=False) if amx
+                           else None)
+        self.amx_min_rows = skinny_gemm.amx_min_rows(lib)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float().contiguous(),
                                                                  requires_grad=False)
         self._lib = lib
@@ -51,8 +60,11 @@ class PackedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
-        y = skinny_gemm.gemm(self._lib, rows, self.packed, self.out_features, self.bias,
-                             self._pool.take(rows.shape[0], self.out_features))
+        out = self._pool.take(rows.shape[0], self.out_features)
+        if self.amx_packed is not None and rows.shape[0] >= self.amx_min_rows:
+            y = skinny_gemm.amx_gemm(self._lib, rows, self.amx_packed, self.out_features, self.bias, out)
+        else:
+            y = skinny_gemm.gemm(self._lib, rows, self.packed, self.out_features, self.bias, out)
         return y.view(*x.shape[:-1], self.out_features)
 
 
@@ -69,13 +81,26 @@ def resolve(backend: str, dtype: torch.dtype):
     return lib
 
 
-def convert_cpu_linears(model: nn.Module, backend: str = "auto", dtype: torch.dtype = torch.float32) -> str:
+def resolve_amx(lib, amx_gemm: str) -> bool:
+    """Whether the native layout (`lib`, None for torch's) also packs weights for AMX, as `amx_gemm` asks."""
+    if amx_gemm not in AMX_GEMM:
+        raise ValueError(f"amx_gemm must be one of {AMX_GEMM}, got {amx_gemm!r}")
+    usable = lib is not None and skinny_gemm.amx_available(lib)
+    if amx_gemm == "on" and not usable:
+        raise RuntimeError("amx_gemm: on needs the native linear layout (fp32) and a processor with AMX-BF16 whose "
+                           "kernel grants the tile state (Linux 5.16+); use auto or off")
+    return usable and amx_gemm != "off"
+
+
+def convert_cpu_linears(model: nn.Module, backend: str = "auto", dtype: torch.dtype = torch.float32,
+                        amx_gemm: str = "auto") -> str:
     """Replace every nn.Linear in `model` (in place) by the chosen CPU layout; returns its name.
     Tied weights get their own copy. The native layout first merges the projections of modules that offer it
     (`merge_projections`, models/llama.py)."""
     lib = resolve(backend, dtype)
+    amx = resolve_amx(lib, amx_gemm)
     if lib is None:
-        _replace(model, InputMajorLinear)
+        _replace(model, lambda name, linear: InputMajorLinear(linear))
         return "torch (input-major)"
     # The skinny GEMM computes each output column alone, in the same order whatever the other columns, so
     # merged q/k/v and gate/up projections give exactly the separate ones' results, in fewer calls.
@@ -83,13 +108,16 @@ def convert_cpu_linears(model: nn.Module, backend: str = "auto", dtype: torch.dt
         if callable(merge := getattr(module, "merge_projections", None)):
             merge()
     pool = ActivationPool()
-    _replace(model, lambda linear: PackedLinear(linear, lib, pool))
-    return "native skinny GEMM (packed, merged qkv and gate/up)"
+    _replace(model, lambda name, linear: PackedLinear(linear, lib, pool, amx and name != "lm_head"))
+    amx_rows = skinny_gemm.amx_min_rows(lib)
+    return ("native skinny GEMM (packed, merged qkv and gate/up)"
+            + (f", AMX bf16x6 from {amx_rows} rows" if amx else ""))
 
 
 def _replace(module: nn.Module, make) -> None:
+    """Every nn.Linear below `module` -> make(its attribute name, it)."""
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):
-            setattr(module, name, make(child))
+            setattr(module, name, make(name, child))
         else:
             _replace(child, make)

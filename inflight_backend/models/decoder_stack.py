@@ -33,7 +33,8 @@ class DecLayer(ctypes.Structure):
 
     _fields_ = [(name, _PTR) for name in (  # type: ignore[assignment]  # (mixed field types)
         "input_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "gate_up_bias", "down",
-        "down_bias", "k_cache", "v_cache")] + [("sliding_window", _I32), ("reserved", _I32)]
+        "down_bias", "qkv_amx", "o_amx", "gate_up_amx", "down_amx", "k_cache",
+        "v_cache")] + [("sliding_window", _I32), ("reserved", _I32)]
 
 
 class DecStack(ctypes.Structure):
@@ -71,9 +72,9 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _packed(linear: nn.Module | None) -> tuple[int, int | None]:
+def _packed(linear: nn.Module | None) -> tuple[int, int | None, int | None]:
     assert isinstance(linear, PackedLinear)
-    return linear.packed.data_ptr(), _ptr(linear.bias)
+    return linear.packed.data_ptr(), _ptr(linear.bias), _ptr(linear.amx_packed)
 
 
 def _layers(model: LlamaForCausalLM) -> list[DecoderLayer]:
@@ -93,10 +94,10 @@ class DecoderStack:
             attn, mlp = layer.self_attn, layer.mlp
             slot.input_norm = _ptr(layer.input_layernorm.weight)
             slot.post_norm = _ptr(layer.post_attention_layernorm.weight)
-            slot.qkv, slot.qkv_bias = _packed(attn.qkv_proj)
-            slot.o, slot.o_bias = _packed(attn.o_proj)
-            slot.gate_up, slot.gate_up_bias = _packed(mlp.gate_up_proj)
-            slot.down, slot.down_bias = _packed(mlp.down_proj)
+            slot.qkv, slot.qkv_bias, slot.qkv_amx = _packed(attn.qkv_proj)
+            slot.o, slot.o_bias, slot.o_amx = _packed(attn.o_proj)
+            slot.gate_up, slot.gate_up_bias, slot.gate_up_amx = _packed(mlp.gate_up_proj)
+            slot.down, slot.down_bias, slot.down_amx = _packed(mlp.down_proj)
             slot.sliding_window = attn.window
         self._stack = DecStack(num_layers=len(layers), hidden=cfg.hidden_size, num_heads=cfg.num_attention_heads,
                                num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,

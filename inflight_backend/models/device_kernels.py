@@ -11,11 +11,14 @@ from .cpu_layout import PackedLinear, convert_cpu_linears
 from .llama import LlamaForCausalLM
 
 
-def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto") -> LlamaForCausalLM:
+def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto",
+          amx_gemm: str = "auto") -> LlamaForCausalLM:
     """Convert `model` (in place, in the dtype its weights were loaded in) for `device` and move it there, in
     eval mode; `model.linear_layout` names the choice."""
+    if torch.device(device).type != "cpu" and amx_gemm == "on":
+        raise RuntimeError(f"amx_gemm: on applies to CPU models (device {device}); use auto or off")
     if torch.device(device).type == "cpu":
-        model.linear_layout = convert_cpu_linears(model, linear_backend, model.lm_head.weight.dtype)
+        model.linear_layout = convert_cpu_linears(model, linear_backend, model.lm_head.weight.dtype, amx_gemm)
         ops = cpu_ops.load_library()
         if isinstance(model.lm_head, PackedLinear) and ops is not None:  # fp32, contiguous linear outputs
             cpu_ops.convert_cpu_ops(model, ops)

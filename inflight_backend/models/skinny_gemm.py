@@ -1,5 +1,7 @@
-"""The native skinny GEMM of plugins/linear, through its C ABI: weights packed once into column panels,
-then y = x @ W (+ bias) for any number of rows, fastest against torch's GEMM at decode-step sizes."""
+"""The native GEMMs of plugins/linear, through their C ABI: the skinny GEMM (weights packed once into fp32
+column panels, y = x @ W (+ bias) for any number of rows, fastest against torch's GEMM at decode-step sizes)
+and, on processors with AMX, the bf16x6 GEMM for prefill-sized inputs (amx_gemm.h: fp32 accuracy from six bf16
+tile products per value)."""
 from __future__ import annotations
 
 import ctypes
@@ -26,6 +28,14 @@ def load_library() -> ctypes.CDLL | None:
     lib.sg_pack_f32.argtypes = [_PTR, _I64, _I64, _PTR]
     lib.sg_gemm_f32.restype = ctypes.c_int
     lib.sg_gemm_f32.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR]
+    lib.sg_amx_available.restype = ctypes.c_int
+    lib.sg_amx_min_rows.restype = ctypes.c_int
+    lib.sg_amx_packed_size.restype = _I64
+    lib.sg_amx_packed_size.argtypes = [_I64, _I64]
+    lib.sg_amx_pack_f32.restype = ctypes.c_int
+    lib.sg_amx_pack_f32.argtypes = [_PTR, _I64, _I64, _PTR]
+    lib.sg_amx_gemm_f32.restype = ctypes.c_int
+    lib.sg_amx_gemm_f32.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR]
     x, out = torch.ones(1, 1), torch.empty(1)
     packed = pack(lib, x)  # every buffer the call touches stays referenced until it returns
     if lib.sg_gemm_f32(x.data_ptr(), 1, 1, 1, packed.data_ptr(), 1, None, out.data_ptr()) != SG_OK:
@@ -51,4 +61,35 @@ def gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int, bias: 
                              None if bias is None else bias.data_ptr(), y.data_ptr())
     if status != SG_OK:
         raise RuntimeError(f"skinny GEMM failed with status {status}")
+    return y
+
+
+def amx_available(lib: ctypes.CDLL) -> bool:
+    """Whether this process can run the AMX GEMM (processor, compiler and kernel all allow it)."""
+    return bool(lib.sg_amx_available())
+
+
+def amx_min_rows(lib: ctypes.CDLL) -> int:
+    """Rows from which the AMX GEMM is used instead of the skinny one."""
+    return int(lib.sg_amx_min_rows())
+
+
+def amx_pack(lib: ctypes.CDLL, weight_t: torch.Tensor) -> torch.Tensor:
+    """weight_t: (K, N) fp32 contiguous -> its bf16 pieces for the AMX GEMM (1-D int16, 6 bytes a value)."""
+    k, n = weight_t.shape
+    packed = torch.empty(lib.sg_amx_packed_size(k, n), dtype=torch.int16)
+    if lib.sg_amx_pack_f32(weight_t.data_ptr(), k, n, packed.data_ptr()) != SG_OK:
+        raise ValueError(f"cannot pack a weight of shape {tuple(weight_t.shape)} for AMX")
+    return packed
+
+
+def amx_gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """As `gemm`, through the AMX GEMM on `amx_pack`'s form of the weight."""
+    m, k = x.shape
+    y = torch.empty(m, n, dtype=torch.float32) if out is None else out
+    status = lib.sg_amx_gemm_f32(x.data_ptr(), m, k, x.stride(0), packed.data_ptr(), n,
+                                 None if bias is None else bias.data_ptr(), y.data_ptr())
+    if status != SG_OK:
+        raise RuntimeError(f"AMX GEMM failed with status {status}")
     return y

@@ -17,12 +17,14 @@ class TorchRunner(ModelRunner):
     """Runs a checkpoint with torch on CPU or CUDA over a preallocated paged KV pool."""
 
     def __init__(self, checkpoint: str, num_blocks: int, block_size: int, device: str = "cpu",
-                 dtype: str = "float32", attention: str = "auto", linear: str = "auto") -> None:
+                 dtype: str = "float32", attention: str = "auto", linear: str = "auto",
+                 amx_gemm: str = "auto") -> None:
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
         self.block_size = block_size
         self.attention = make_backend(attention, self.device)
-        self.model = device_kernels.place(load_model(checkpoint, self.attention, self.dtype), device, linear)
+        self.model = device_kernels.place(load_model(checkpoint, self.attention, self.dtype), device, linear,
+                                          amx_gemm)
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)

@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "amx_gemm.h"
 #include "cpu_ops.h"
 #include "paged_attention.h"
 #include "skinny_gemm.h"
@@ -53,6 +54,13 @@ pa_params attention_params(const dec_stack& s, const dec_step& st, const Widths&
   return p;
 }
 
+// y = x @ w + bias for T rows of x (row stride K), through AMX when w has that form and T is large enough.
+int linear(const float* x, int64_t T, int64_t K, const float* w, const uint16_t* w_amx, int64_t N, const float* bias,
+           float* y) {
+  return w_amx && T >= SG_AMX_MIN_ROWS ? sg_amx_gemm_f32(x, T, K, K, w_amx, N, bias, y)
+                                       : sg_gemm_f32(x, T, K, K, w, N, bias, y);
+}
+
 }  // namespace
 
 extern "C" int64_t dec_workspace_floats(const dec_stack* s, int64_t num_tokens) {
@@ -79,7 +87,7 @@ extern "C" int dec_forward_f32(const dec_stack* s, const dec_step* st, float* h,
     } else if (ops_add_rms_norm_f32(residual, h, T, w.hidden, w.hidden, w.hidden, L.input_norm, s->eps, normed)) {
       return DEC_ERR_OPS;
     }
-    if (sg_gemm_f32(normed, T, w.hidden, w.hidden, L.qkv, w.qkv, L.qkv_bias, qkv)) return DEC_ERR_GEMM;
+    if (linear(normed, T, w.hidden, L.qkv, L.qkv_amx, w.qkv, L.qkv_bias, qkv)) return DEC_ERR_GEMM;
     // q's and k's heads lie side by side in each row: one rotary call over both.
     if (ops_rotary_f32(qkv, T, s->num_heads + s->num_kv_heads, s->head_dim, w.qkv, st->cos, st->sin))
       return DEC_ERR_OPS;
@@ -90,13 +98,13 @@ extern "C" int dec_forward_f32(const dec_stack* s, const dec_step* st, float* h,
     if (pa_cpu_attention(&p, qkv, L.k_cache, L.v_cache, st->block_tables, st->context_lens, st->query_start_loc,
                          attn))
       return DEC_ERR_ATTENTION;
-    if (sg_gemm_f32(attn, T, w.q, w.q, L.o, w.hidden, L.o_bias, h)) return DEC_ERR_GEMM;
+    if (linear(attn, T, w.q, L.o, L.o_amx, w.hidden, L.o_bias, h)) return DEC_ERR_GEMM;
     if (ops_add_rms_norm_f32(residual, h, T, w.hidden, w.hidden, w.hidden, L.post_norm, s->eps, normed))
       return DEC_ERR_OPS;
-    if (sg_gemm_f32(normed, T, w.hidden, w.hidden, L.gate_up, 2 * w.inter, L.gate_up_bias, gate_up))
+    if (linear(normed, T, w.hidden, L.gate_up, L.gate_up_amx, 2 * w.inter, L.gate_up_bias, gate_up))
       return DEC_ERR_GEMM;
     if (ops_silu_mul_f32(gate_up, gate_up + w.inter, T, w.inter, 2 * w.inter, act)) return DEC_ERR_OPS;
-    if (sg_gemm_f32(act, T, w.inter, w.inter, L.down, w.hidden, L.down_bias, h)) return DEC_ERR_GEMM;
+    if (linear(act, T, w.inter, L.down, L.down_amx, w.hidden, L.down_bias, h)) return DEC_ERR_GEMM;
   }
   return DEC_OK;
 }

@@ -4,7 +4,7 @@
 // results are bitwise those of the module path. What it removes is the ~100 Python calls a step that sit between
 // those kernels (their argument checks, views and output tensors): most of a small decode step beyond its GEMMs.
 //
-// fp32 only; weights packed by sg_pack_f32, q/k/v and gate/up merged; KV caches laid out as paged_attention.h
+// fp32 only; weights packed by sg_pack_f32 (and optionally sg_amx_pack_f32), q/k/v and gate/up merged; KV caches laid out as paged_attention.h
 // describes. The step's embeddings come in `h`; on return `h` holds the last layer's output and `residual` the
 // residual stream before it (the model's final norm adds the two, as the module path does).
 #pragma once
@@ -28,6 +28,12 @@ typedef struct dec_layer {
   const float* gate_up_bias;  // or NULL
   const float* down;          // packed (intermediate, hidden)
   const float* down_bias;     // or NULL
+  // The same four weights packed by sg_amx_pack_f32 (amx_gemm.h), or NULL: steps of at least SG_AMX_MIN_ROWS
+  // tokens then multiply through AMX, as PackedLinear does.
+  const uint16_t* qkv_amx;
+  const uint16_t* o_amx;
+  const uint16_t* gate_up_amx;
+  const uint16_t* down_amx;
   float* k_cache;             // (num_blocks, block_size, num_kv_heads, head_dim) at the strides of dec_stack
   float* v_cache;
   int32_t sliding_window;     // 0: full causal attention
