@@ -39,8 +39,11 @@ from inflight_backend.request import SamplingParams  # noqa: E402
 
 def streamed_bytes(engine: InflightEngine) -> int:
     model = engine.runner.model
-    embedding = model.model.embed_tokens.weight
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)  # packing pads
+    # Not streamed: the embedding table (gathered) and the AMX form of the weights (decode steps have fewer rows
+    # than amx_min_rows, so they read the fp32 panels).
+    skipped = {id(model.model.embed_tokens.weight)} | {id(m.amx_packed) for m in model.modules()
+                                                       if getattr(m, "amx_packed", None) is not None}
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skipped)  # packing pads
 
 
 def read_bandwidth(num_bytes: int, repeat: int) -> float:

@@ -3,7 +3,10 @@
 // Blocks of 32 rows of x by 32 columns of w, held in four 16 x 16 fp32 accumulator tiles (tmm0-3) while two
 // tiles of x pieces (tmm4-5) and two of w pieces (tmm6-7) stream through: per k block of 32, the six piece
 // products in an order that reloads 14 tiles for 24 tile products. The k dimension is walked in chunks whose x
-// and w pieces stay in L2; partial sums live in y between chunks.
+// and w pieces stay in L2; partial sums live in y between chunks. Each pair of 32 columns is read from memory
+// once per 256 rows of x; while its row blocks run, the next pair's pieces are prefetched into L2, a few lines
+// between tile products (without it, at ~150 rows the tile loads waited on memory and ran no faster than the
+// skinny GEMM; issued in bursts, the prefetches themselves stalled).
 #include "amx_gemm.h"
 
 #include <string.h>
@@ -258,8 +261,7 @@ extern "C" SG_AMX_TARGET int sg_amx_gemm_f32(const float* x, int64_t M, int64_t 
             } else {
               load_acc(c, ldc);
             }
-            // While this pair's row blocks run, the next pair's pieces for this chunk stream into L2, spread
-            // over every block and k block.
+            // The next pair's pieces for this chunk, spread over this pair's blocks and their k blocks.
             const int64_t lines = kbs * kBlockTiles * kTile * 2 / 64, slots = (mb1 - mb0) * kbs * 6;
             const int per_group = pair + 1 < pairs ? (int)((lines + slots - 1) / slots) : 0;
             const char* next = reinterpret_cast<const char*>(packed + ((pair + 1) * KB + k0) * kBlockTiles * kTile);
