@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from inflight_backend.make_model import TinySpec, make_model
 from inflight_backend.server import TritonServer
 from tests.conftest import Oracle, assert_stopped_cleanly, free_port, model_config, write_repository
 from tests.triton_helpers import grpc_generate, metric, metrics, wait_for_metric
@@ -18,14 +19,24 @@ POLICY_MODELS = {  # name: parameters
                           max_chunk_tokens=24, block_size=1, num_kv_blocks=8192),
     "max_utilization": dict(batching_policy="fused", enable_chunked_prefill="true", max_num_tokens=128,
                             capacity_policy="max_utilization", block_size=32, num_kv_blocks=14),
-    "queue": dict(max_batch_size=1, max_queue_size=2),
+    "queue": dict(max_batch_size=1, max_queue_size=2, num_kv_blocks=4097),  # served from long_model (below)
 }
+LONG_CONTEXT = 1 << 16
 
 
 @pytest.fixture(scope="module")
-def policy_server(tmp_path_factory, tiny_model):
+def long_model(tmp_path_factory) -> str:
+    """The default tiny model's sizes with a 65,536-token context: a request that holds the queue model's only
+    slot runs for minutes (its attention grows with each token) rather than the second or two that 2,000 tokens
+    take on a fast machine, so it is still running when the test cancels it."""
+    return make_model(str(tmp_path_factory.mktemp("long-llama")), TinySpec(max_position_embeddings=LONG_CONTEXT))
+
+
+@pytest.fixture(scope="module")
+def policy_server(tmp_path_factory, tiny_model, long_model):
     root = tmp_path_factory.mktemp("policy-repo")
-    write_repository(root, {name: model_config(tiny_model, name, **params) for name, params in POLICY_MODELS.items()})
+    write_repository(root, {name: model_config(long_model if name == "queue" else tiny_model, name, **params)
+                            for name, params in POLICY_MODELS.items()})
     log = tmp_path_factory.mktemp("policy-logs") / "tritonserver.log"
     srv = TritonServer(root, free_port(), free_port(), free_port(), log_file=log)
     srv.start()
@@ -162,13 +173,14 @@ def test_queue_full_and_never_fitting_requests_get_errors(policy_server):
     results = {}
 
     def long_request():
-        results["a"] = grpc_generate(url, "queue", {"text_input": "a", "max_tokens": 2000, "stream": True,
-                                                    "min_tokens": 2000}, on_token=lambda out: first_token.set(),
+        n = LONG_CONTEXT - 8
+        results["a"] = grpc_generate(url, "queue", {"text_input": "a", "max_tokens": n, "stream": True,
+                                                    "min_tokens": n}, on_token=lambda out: first_token.set(),
                                      cancel_event=release)
 
     runner = threading.Thread(target=long_request)
     runner.start()
-    assert first_token.wait(60)  # "a" holds the only running slot
+    assert first_token.wait(60), results  # "a" holds the only running slot
     queued = [threading.Thread(target=lambda k=k: results.__setitem__(k, grpc_generate(
         url, "queue", {"text_input": k, "max_tokens": 2, "stream": True}))) for k in ("b", "c")]
     for t in queued:
@@ -187,7 +199,7 @@ def test_queue_full_and_never_fitting_requests_get_errors(policy_server):
     release.set()  # cancel "a": "b" and "c" run
     for t in [runner, *queued]:
         t.join()
-    assert results["a"].error is None and len(results["a"].ids) < 2000
+    assert results["a"].error is None and len(results["a"].ids) < LONG_CONTEXT - 8
     assert all(results[k].error is None and len(results[k].ids) == 2 for k in "bc")
     assert grpc_generate(url, "queue", {"text_input": "e", "max_tokens": 2, "stream": True}).error is None
     assert grpc_generate(url, "max_utilization", {"text_input": "f", "max_tokens": 2}).error is None

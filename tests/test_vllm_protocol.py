@@ -61,8 +61,13 @@ def test_the_vllm_sample_clients_request(server, greedy, stream):
     assert error is None
     ids, text = greedy
     assert "".join(texts) == (text if stream else PROMPT + text)
-    # streaming: a response per token, or fewer where the responder fell behind and coalesced some
-    assert (1 < len(texts) <= len(ids)) if stream else len(texts) == 1
+    # streaming: a response per token, or fewer where the responder fell behind and coalesced some (timing
+    # decides which); with log-probabilities asked for, tokens are never merged: exactly one response each
+    assert (1 <= len(texts) <= len(ids)) if stream else len(texts) == 1
+    if stream:
+        texts, error = vllm_client_request(url, PROMPT, stream, {**params, "logprobs": "0"},
+                                           exclude_input_in_output=True)
+        assert error is None and "".join(texts) == text and len(texts) == len(ids) > 1
 
 
 def test_vllm_sampling_parameters_we_cannot_honour_are_errors_naming_them(server):
