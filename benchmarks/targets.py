@@ -83,9 +83,10 @@ class EngineTarget:
         before = copy.copy(self.engine.stats)
 
         def emit(outputs, stats):
-            for out in outputs:
-                if out.token_ids:
-                    sub.token(int(out.req_id))
+            now = sub.now()
+            for out in outputs:  # a coalesced output (the emitter fell behind) carries several tokens, all here now
+                for _ in out.token_ids:
+                    sub.token(int(out.req_id), now)
                 if out.finished:
                     sub.finished()
             self.timeline.append((sub.now(), stats.last_step_prefill_tokens, stats.last_step_decode_tokens,

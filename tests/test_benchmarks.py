@@ -137,3 +137,31 @@ def test_target_suffixes_set_reuse_and_cache_aware_admission(monkeypatch):
     assert made["enable_kv_cache_reuse"] and made["cache_aware_admission_ms"] > 0
     with pytest.raises(SystemExit):
         make_target("engine:fused+nonsense", args, None)
+
+
+def test_the_in_process_target_counts_every_token_of_a_coalesced_output(monkeypatch, tiny_model):
+    """When the emitter falls behind, the batch loop merges a stream's outputs: one output carries several
+    tokens. The in-process target must count each (it counted one per output and lost the rest)."""
+    from benchmarks import targets
+    from benchmarks.workload import WorkItem
+    from inflight_backend.coalesce import coalesce
+
+    class FarBehind(targets.BatchLoop):
+        """Holds every output until a request finishes, then hands them over merged: a responder far behind."""
+        def __init__(self, engine, emit):
+            held: list = []
+
+            def hold(outputs, stats):
+                held.extend(outputs)
+                if any(out.finished for out in outputs):
+                    merged = coalesce(held)
+                    held.clear()
+                    emit(merged, stats)
+            super().__init__(engine, hold)
+
+    monkeypatch.setattr(targets, "BatchLoop", FarBehind)
+    target = targets.EngineTarget(tiny_model, max_batch_size=4, dtype="float32")
+    items = [WorkItem([256, 10 + i, 20], 6 + i) for i in range(3)]
+    records, _ = target.run(items, [0.0] * len(items))
+    assert [len(r.token_times) for r in records] == [6, 7, 8]
+    assert summarize(records)["output_tokens"] == 21
