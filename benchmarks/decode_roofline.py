@@ -7,8 +7,9 @@
 Every decode step reads every weight except the embedding table (gathered, not streamed) and does 2 FLOPs per
 weight per sequence. The floor of a step is the larger of: those bytes over the read bandwidth measured here
 (a reduction over a tensor of the same size), and those FLOPs over the GEMM peak measured here (a 2048^3 matmul
-in the same dtype). Steps are timed in-process (engine.step(): schedule + model + sample) with every
-sequence at a 64-token prompt; each figure is the best of --repeat runs of --steps steps.
+in the same dtype: the higher of torch's and, in float32, our packed skinny GEMM's). Steps are timed in-process
+(engine.step(): schedule + model + sample) with every sequence at a 64-token prompt; each figure is the best of
+--repeat runs of --steps steps.
 
 When the model runs its layers in one native call (models/decoder_stack.py), each batch is also timed through
 its modules, the two alternating: the last two columns.
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inflight_backend.config import EngineConfig  # noqa: E402
 from inflight_backend.engine import InflightEngine  # noqa: E402
 from inflight_backend.request import SamplingParams  # noqa: E402
+from inflight_backend.models import skinny_gemm  # noqa: E402
 
 
 def streamed_bytes(engine: InflightEngine) -> int:
@@ -52,9 +54,17 @@ def read_bandwidth(num_bytes: int, repeat: int) -> float:
     return num_bytes / best
 
 
-def gemm_peak(dtype: torch.dtype, repeat: int) -> float:
+def gemm_peak(dtype: torch.dtype, repeat: int) -> tuple[float, float | None]:
+    """FLOP/s of a 2048^3 matmul: torch's (MKL), and, in float32 with the library built, our packed skinny GEMM's
+    (on some processors, AMD's Zen 5 among them, it is twice MKL's). The compute floor takes the higher."""
     a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
-    return 2 * 2048 ** 3 / min(_timed(lambda: a @ b) for _ in range(max(repeat, 5)))
+    flops, runs = 2 * 2048 ** 3, max(repeat, 5)
+    mkl = flops / min(_timed(lambda: a @ b) for _ in range(runs))
+    lib = skinny_gemm.load_library() if dtype == torch.float32 else None
+    if lib is None:
+        return mkl, None
+    packed = skinny_gemm.pack(lib, b)
+    return mkl, flops / min(_timed(lambda: skinny_gemm.gemm(lib, a, packed, 2048, None)) for _ in range(runs))
 
 
 def step_time(engine: InflightEngine, batch: int, steps: int, repeat: int, tag: str) -> tuple[float, float | None]:
@@ -170,9 +180,12 @@ def main(argv=None) -> None:
     weights = streamed_bytes(engine)
     params = weights // engine.runner.dtype.itemsize
     bandwidth = read_bandwidth(weights, args.repeat)
-    peak = gemm_peak(engine.runner.dtype, args.repeat)
+    mkl, native = gemm_peak(engine.runner.dtype, args.repeat)
+    peak = max(mkl, native or 0.0)
     print(f"{engine.runner.describe()}; {torch.get_num_threads()} threads; weights streamed per step "
-          f"{weights / 1e6:.0f} MB; read bandwidth {bandwidth / 1e9:.1f} GB/s; GEMM peak {peak / 1e9:.0f} GFLOP/s")
+          f"{weights / 1e6:.0f} MB; read bandwidth {bandwidth / 1e9:.1f} GB/s; GEMM peak {peak / 1e9:.0f} GFLOP/s "
+          f"(2048^3: torch {mkl / 1e9:.0f}" + ("" if native is None else f", packed skinny GEMM {native / 1e9:.0f}")
+          + ")")
     print("| batch | step (ms) | tokens/s | memory floor (ms) | compute floor (ms) | step / floor | GFLOP/s "
           "| through the modules (ms) | modules / one call |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for batch in args.batches:
