@@ -35,14 +35,24 @@ def test_oracle_one_request_at_a_time(server, served, oracle_cases):
 
 
 def test_oracle_concurrent_staggered_arrivals(server, served, oracle_cases):
+    """Prompts arriving one by one join the running batch: each gives transformers' tokens, and they share
+    steps with a request already decoding (a holder of up to 1,900 tokens, running from before the first
+    arrival until the last ends, so the sharing does not depend on how fast this machine decodes)."""
     model, expected = served
     results = [None] * len(oracle_cases)
+    holding, done = threading.Event(), threading.Event()
 
     def send(i):
         ids, n = oracle_cases[i]
         results[i] = grpc_generate(url(server), model, {"input_ids": ids, "max_tokens": n, "stream": True})
 
     steps_before = metric(server.metrics_port, "inflight_steps_total", model)
+    tokens_before = metric(server.metrics_port, "inflight_generated_tokens_total", model)
+    holder = threading.Thread(target=lambda: grpc_generate(
+        url(server), model, {"text_input": "hold", "max_tokens": 1900, "min_tokens": 1900, "stream": True},
+        on_token=lambda out: holding.set(), cancel_event=done))
+    holder.start()
+    assert holding.wait(60)
     threads = []
     for i in range(len(oracle_cases)):
         threads.append(threading.Thread(target=send, args=(i,)))
@@ -50,9 +60,14 @@ def test_oracle_concurrent_staggered_arrivals(server, served, oracle_cases):
         time.sleep(0.02)  # staggered: later prompts join while earlier ones decode
     for t in threads:
         t.join()
+    done.set()
+    holder.join()
     assert [r.ids for r in results] == expected
+    # every stream has ended (the holder too) once no request is running: then both counters are final
+    assert wait_for_metric(server.metrics_port, "inflight_requests", model, 0, state="running") == 0
     steps = metric(server.metrics_port, "inflight_steps_total", model) - steps_before
-    assert steps < sum(len(e) for e in expected)
+    tokens = metric(server.metrics_port, "inflight_generated_tokens_total", model) - tokens_before
+    assert tokens >= sum(len(e) for e in expected) and steps < tokens  # some steps carried several sequences
 
 
 def test_grpc_stream_deltas_concatenate_to_the_full_decode(server):

@@ -12,30 +12,34 @@ from tests.triton_helpers import grpc_generate, metric, metrics, wait_for_metric
 
 pytestmark = pytest.mark.server
 
-POLICY_MODELS = {  # name: parameters
-    "static": dict(batching_policy="static", max_queue_delay_ms=50, max_batch_size=8, block_size=16),
-    "prefill_first": dict(batching_policy="prefill_first", block_size=32),
+LONG_CONTEXT = 1 << 16
+HOLD_TOKENS = LONG_CONTEXT - 8  # a request that holds a slot until the test cancels it (see long_model)
+POLICY_MODELS = {  # name: parameters; the models a test holds a slot of have room for a holding request
+    "static": dict(batching_policy="static", max_queue_delay_ms=50, max_batch_size=8, block_size=16,
+                   num_kv_blocks=512 + LONG_CONTEXT // 16),
+    "prefill_first": dict(batching_policy="prefill_first", block_size=32, num_kv_blocks=512 + LONG_CONTEXT // 32),
     "fused_chunked": dict(batching_policy="fused", enable_chunked_prefill="true", max_num_tokens=64,
-                          max_chunk_tokens=24, block_size=1, num_kv_blocks=8192),
+                          max_chunk_tokens=24, block_size=1, num_kv_blocks=8192 + LONG_CONTEXT),
     "max_utilization": dict(batching_policy="fused", enable_chunked_prefill="true", max_num_tokens=128,
                             capacity_policy="max_utilization", block_size=32, num_kv_blocks=14),
-    "queue": dict(max_batch_size=1, max_queue_size=2, num_kv_blocks=4097),  # served from long_model (below)
+    "queue": dict(max_batch_size=1, max_queue_size=2, num_kv_blocks=1 + LONG_CONTEXT // 16),
 }
-LONG_CONTEXT = 1 << 16
+HOLDING = {"static", "prefill_first", "fused_chunked", "queue"}  # served from long_model
 
 
 @pytest.fixture(scope="module")
 def long_model(tmp_path_factory) -> str:
-    """The default tiny model's sizes with a 65,536-token context: a request that holds the queue model's only
-    slot runs for minutes (its attention grows with each token) rather than the second or two that 2,000 tokens
-    take on a fast machine, so it is still running when the test cancels it."""
+    """The default tiny model (the same weights: transformers' tokens are tiny_model's) with a 65,536-token
+    context: a request that holds a slot runs for minutes (its attention grows with each token) rather than the
+    fraction of a second that 2,000 tokens take on a fast machine, so it is still running when the test that
+    holds it looks at it or cancels it."""
     return make_model(str(tmp_path_factory.mktemp("long-llama")), TinySpec(max_position_embeddings=LONG_CONTEXT))
 
 
 @pytest.fixture(scope="module")
 def policy_server(tmp_path_factory, tiny_model, long_model):
     root = tmp_path_factory.mktemp("policy-repo")
-    write_repository(root, {name: model_config(long_model if name == "queue" else tiny_model, name, **params)
+    write_repository(root, {name: model_config(long_model if name in HOLDING else tiny_model, name, **params)
                             for name, params in POLICY_MODELS.items()})
     log = tmp_path_factory.mktemp("policy-logs") / "tritonserver.log"
     srv = TritonServer(root, free_port(), free_port(), free_port(), log_file=log)
@@ -93,12 +97,12 @@ def test_every_policy_gives_the_transformers_tokens(policy_server, expected, ora
 
 @pytest.mark.parametrize("model", ["static", "prefill_first", "fused_chunked"])
 def test_metrics_show_a_request_while_it_runs(policy_server, model):
-    """No race with the metrics publisher: the request runs (up to 2000 tokens) until the test has seen it in
+    """No race with the metrics publisher: the request runs (HOLD_TOKENS, minutes) until the test has seen it in
     /metrics, and only then is cancelled."""
     url, port = f"127.0.0.1:{policy_server.grpc_port}", policy_server.metrics_port
     first_token, seen, result = threading.Event(), threading.Event(), {}
     client = threading.Thread(target=lambda: result.setdefault("out", grpc_generate(
-        url, model, {"text_input": "hold", "max_tokens": 2000, "min_tokens": 2000, "stream": True},
+        url, model, {"text_input": "hold", "max_tokens": HOLD_TOKENS, "min_tokens": HOLD_TOKENS, "stream": True},
         on_token=lambda out: first_token.set(), cancel_event=seen)))
     client.start()
     assert first_token.wait(60)
@@ -110,7 +114,7 @@ def test_metrics_show_a_request_while_it_runs(policy_server, model):
     seen.set()
     client.join()
     assert sample[("inflight_kv_blocks_used", frozenset({"model": model}.items()))] > 0
-    assert len(result["out"].ids) < 2000
+    assert len(result["out"].ids) < HOLD_TOKENS
     assert wait_for_metric(port, "inflight_requests", model, 0, state="running") == 0
     assert wait_for_metric(port, "inflight_kv_blocks_used", model, 0) == 0
 
@@ -173,9 +177,8 @@ def test_queue_full_and_never_fitting_requests_get_errors(policy_server):
     results = {}
 
     def long_request():
-        n = LONG_CONTEXT - 8
-        results["a"] = grpc_generate(url, "queue", {"text_input": "a", "max_tokens": n, "stream": True,
-                                                    "min_tokens": n}, on_token=lambda out: first_token.set(),
+        results["a"] = grpc_generate(url, "queue", {"text_input": "a", "max_tokens": HOLD_TOKENS, "stream": True,
+                                                    "min_tokens": HOLD_TOKENS}, on_token=lambda out: first_token.set(),
                                      cancel_event=release)
 
     runner = threading.Thread(target=long_request)
@@ -199,7 +202,7 @@ def test_queue_full_and_never_fitting_requests_get_errors(policy_server):
     release.set()  # cancel "a": "b" and "c" run
     for t in [runner, *queued]:
         t.join()
-    assert results["a"].error is None and len(results["a"].ids) < LONG_CONTEXT - 8
+    assert results["a"].error is None and len(results["a"].ids) < HOLD_TOKENS
     assert all(results[k].error is None and len(results[k].ids) == 2 for k in "bc")
     assert grpc_generate(url, "queue", {"text_input": "e", "max_tokens": 2, "stream": True}).error is None
     assert grpc_generate(url, "max_utilization", {"text_input": "f", "max_tokens": 2}).error is None
