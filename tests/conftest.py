@@ -22,6 +22,18 @@ def tiny_model(tmp_path_factory) -> str:
     return make_model(str(tmp_path_factory.mktemp("tiny-llama")), TinySpec())
 
 
+LONG_CONTEXT = 1 << 16
+
+
+@pytest.fixture(scope="session")
+def long_model(tmp_path_factory) -> str:
+    """The default tiny model (the same weights: transformers' tokens are tiny_model's) with a 65,536-token
+    context, for requests that hold a slot while a test looks at them, cancels them or kills the server: held
+    for tens of thousands of steps, each longer than the last (the attention grows), rather than the 2,000 that
+    take a fraction of a second on a fast machine, they are still running when the test acts."""
+    return make_model(str(tmp_path_factory.mktemp("long-llama")), TinySpec(max_position_embeddings=LONG_CONTEXT))
+
+
 @pytest.fixture(scope="session")
 def gqa_model(tmp_path_factory) -> str:
     return make_model(str(tmp_path_factory.mktemp("gqa-llama")), GQA_SPEC)

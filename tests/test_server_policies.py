@@ -5,14 +5,12 @@ import time
 
 import pytest
 
-from inflight_backend.make_model import TinySpec, make_model
 from inflight_backend.server import TritonServer
-from tests.conftest import Oracle, assert_stopped_cleanly, free_port, model_config, write_repository
+from tests.conftest import LONG_CONTEXT, Oracle, assert_stopped_cleanly, free_port, model_config, write_repository
 from tests.triton_helpers import grpc_generate, metric, metrics, wait_for_metric
 
 pytestmark = pytest.mark.server
 
-LONG_CONTEXT = 1 << 16
 HOLD_TOKENS = LONG_CONTEXT - 8  # a request that holds a slot until the test cancels it (see long_model)
 POLICY_MODELS = {  # name: parameters; the models a test holds a slot of have room for a holding request
     "static": dict(batching_policy="static", max_queue_delay_ms=50, max_batch_size=8, block_size=16,
@@ -25,15 +23,6 @@ POLICY_MODELS = {  # name: parameters; the models a test holds a slot of have ro
     "queue": dict(max_batch_size=1, max_queue_size=2, num_kv_blocks=1 + LONG_CONTEXT // 16),
 }
 HOLDING = {"static", "prefill_first", "fused_chunked", "queue"}  # served from long_model
-
-
-@pytest.fixture(scope="module")
-def long_model(tmp_path_factory) -> str:
-    """The default tiny model (the same weights: transformers' tokens are tiny_model's) with a 65,536-token
-    context: a request that holds a slot runs for minutes (its attention grows with each token) rather than the
-    fraction of a second that 2,000 tokens take on a fast machine, so it is still running when the test that
-    holds it looks at it or cancels it."""
-    return make_model(str(tmp_path_factory.mktemp("long-llama")), TinySpec(max_position_embeddings=LONG_CONTEXT))
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +86,7 @@ def test_every_policy_gives_the_transformers_tokens(policy_server, expected, ora
 
 @pytest.mark.parametrize("model", ["static", "prefill_first", "fused_chunked"])
 def test_metrics_show_a_request_while_it_runs(policy_server, model):
-    """No race with the metrics publisher: the request runs (HOLD_TOKENS, minutes) until the test has seen it in
+    """No race with the metrics publisher: the request runs (up to HOLD_TOKENS) until the test has seen it in
     /metrics, and only then is cancelled."""
     url, port = f"127.0.0.1:{policy_server.grpc_port}", policy_server.metrics_port
     first_token, seen, result = threading.Event(), threading.Event(), {}

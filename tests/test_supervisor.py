@@ -22,6 +22,7 @@ pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent
 INFLIGHT = [sys.executable, "-m", "inflight_backend.cli"]
 CRASH_MARKS = ("malloc", "Segmentation", "SIGSEGV", "SIGABRT", "core dumped", "Aborted")
+HOLD_TOKENS = 16000  # a stream open while a test kills or stops the server (long_model: it cannot end first)
 
 
 class Served:
@@ -68,18 +69,21 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory, tiny_model):
-    return write_repository(tmp_path_factory.mktemp("serve-repo"), {"llm": model_config(tiny_model, "llm")})
+def repo(tmp_path_factory, long_model):
+    """The long-context tiny model, its KV pool holding 4 streams of HOLD_TOKENS at once and not 5."""
+    pool = 4 * ((HOLD_TOKENS + 16) // 16 + 1)
+    return write_repository(tmp_path_factory.mktemp("serve-repo"),
+                            {"llm": model_config(long_model, "llm", num_kv_blocks=pool)})
 
 
 def open_streams(url, n, results):
-    """n streams of 1,900 tokens each, one thread each; returns the threads and an event per stream, set at its
+    """n streams of HOLD_TOKENS each, one thread each; returns the threads and an event per stream, set at its
     first token."""
     started = [threading.Event() for _ in range(n)]
 
     def send(i):
-        results[i] = grpc_generate(url, "llm", {"text_input": f"open {i}", "max_tokens": 1900, "min_tokens": 1900,
-                                                "stream": True}, on_token=lambda out: started[i].set(), timeout=120)
+        values = {"text_input": f"open {i}", "max_tokens": HOLD_TOKENS, "min_tokens": HOLD_TOKENS, "stream": True}
+        results[i] = grpc_generate(url, "llm", values, on_token=lambda out: started[i].set(), timeout=120)
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
     for t in threads:
@@ -104,14 +108,14 @@ def test_a_dead_stub_ends_its_streams_with_an_error_and_service_resumes(repo, tm
     served = Served(repo, tmp_path / "serve.log")
     try:
         served.wait_ready()
-        results = [None] * 4  # 4 of 1,900 tokens fit the KV pool together: each runs at once
+        results = [None] * 4  # 4 of HOLD_TOKENS fit the KV pool together: each runs at once
         threads, started = open_streams(served.url, 4, results)
         assert all(s.wait(120) for s in started)  # each stream has a token: the streams are open
         (stub,) = served.stubs()
         os.kill(stub, signal.SIGKILL)
         for t in threads:
             t.join()
-        assert all(r.error is not None and len(r.ids) < 1900 for r in results), [r.error for r in results]
+        assert all(r.error is not None and len(r.ids) < HOLD_TOKENS for r in results), [r.error for r in results]
         served.wait_ready(times=2)
         after = grpc_generate(served.url, "llm", {"text_input": "again", "max_tokens": 4, "stream": True})
         assert after.error is None and len(after.ids) == 4
@@ -128,13 +132,13 @@ def test_sigterm_with_64_open_streams_ends_every_stream_and_exits_0(repo, tmp_pa
     streams open (Triton would wait for those forever): every stream ends, `inflight serve` exits 0.
 
     The 4 are sent once the 60 have arrived, from a client connected beforehand, and SIGTERM follows their
-    arrival: all 4 and most of the 60 are open then (1,900 tokens each, 4 at a time fit the KV pool), however
+    arrival: all 4 and most of the 60 are open then (HOLD_TOKENS each, 4 at a time fit the KV pool), however
     slow the machine. (Waiting for 64 unfinished at once failed on a loaded runner: the first had ended.)"""
     served = Served(repo, tmp_path / "serve.log", "--stop-timeout", "5")
     idle = None
     try:
         served.wait_ready()
-        idle = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, served.url, "4", "1900", "gated"],
+        idle = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, served.url, "4", str(HOLD_TOKENS), "gated"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT)
         idle_lines = ClientLines(idle)
         assert wait_until(lambda: b"connected" in idle_lines.kinds(0)), "the idle client never connected"
@@ -222,7 +226,7 @@ def test_killing_inflight_serve_takes_tritonserver_with_it(repo, tmp_path):
         assert started.wait(120)
         served.process.kill()
         thread.join()
-        assert results[0].error is not None and len(results[0].ids) < 1900
+        assert results[0].error is not None and len(results[0].ids) < HOLD_TOKENS
         deadline = time.monotonic() + 60
         while Path(f"/proc/{triton}").exists() and _state(triton) != "Z":
             assert time.monotonic() < deadline, "tritonserver outlived inflight serve"
