@@ -45,12 +45,12 @@ SMALL_BIG = {**LLAMA_31_8B, "hidden_size": 256, "intermediate_size": 512, "num_h
              "bos_token_id": 256, "eos_token_id": 257}
 
 
-def oracle(device: str, dtype: str, path: str) -> tuple[int, int]:
+def oracle(device: str, dtype: str, path: str, attention: str) -> tuple[int, int]:
     """(requests whose greedy tokens equal transformers', requests)."""
     from transformers import LlamaForCausalLM
 
     engine = InflightEngine(EngineConfig(checkpoint=path, device=device, dtype=dtype, num_kv_blocks=512,
-                                         max_batch_size=16))
+                                         max_batch_size=16, attention_backend=attention))
     rng = random.Random(0)
     cases = [([256] + [rng.randrange(256) for _ in range(n)], m)
              for n, m in zip([3, 17, 64, 130, 5, 300, 41, 90, 8, 220, 33, 1], [40, 12, 64, 25, 64, 9, 50, 30, 64,
@@ -76,10 +76,14 @@ def oracle(device: str, dtype: str, path: str) -> tuple[int, int]:
     return same, len(cases)
 
 
-def saturated(device: str, path: str, streams: int, prompt_len: int = 128, output_len: int = 128) -> dict:
+def saturated(device: str, path: str, streams: int, attention: str, prompt_len: int = 128,
+              output_len: int = 128) -> dict:
     blocks = streams * -(-(prompt_len + output_len) // 16) + 16
+    start = time.perf_counter()
     engine = InflightEngine(EngineConfig(checkpoint=path, device=device, dtype="bfloat16", num_kv_blocks=blocks,
-                                         max_batch_size=streams, max_num_tokens=8192, enable_chunked_prefill=True))
+                                         max_batch_size=streams, max_num_tokens=8192, enable_chunked_prefill=True,
+                                         attention_backend=attention))
+    print(f"engine loaded in {time.perf_counter() - start:.0f} s", flush=True)
     vocab = engine.runner.vocab_size
     rng = random.Random(1)
     for i in range(streams):
@@ -100,7 +104,8 @@ def saturated(device: str, path: str, streams: int, prompt_len: int = 128, outpu
 def big_checkpoint(shape: dict, path: Path) -> str:
     if not (path / "config.json").exists():
         print(f"writing {path} (random bf16 weights)", flush=True)
-        write_checkpoint(path, shape, num_shards=8 if shape["hidden_size"] >= 4096 else 1)
+        write_checkpoint(path, shape, num_shards=8 if shape["hidden_size"] >= 4096 else 1,
+                         device="cuda" if torch.cuda.is_available() else "cpu")
         byte_level_tokenizer(shape["vocab_size"]).save(str(path / "tokenizer.json"))
     return str(path)
 
@@ -111,6 +116,8 @@ def main() -> int:
     parser.add_argument("--big", choices=["8b", "small"], default="8b")
     parser.add_argument("--streams", type=int, default=256)
     parser.add_argument("--skip-big", action="store_true")
+    parser.add_argument("--attention", choices=["auto", "native", "torch"], default="auto",
+                        help="the engine's attention backend (torch: when the CUDA kernels failed their check)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device")
@@ -121,7 +128,7 @@ def main() -> int:
                                                                       seed=11))
     for dtype in ("float32", "bfloat16"):
         start = time.perf_counter()
-        same, total = oracle(args.device, dtype, small)
+        same, total = oracle(args.device, dtype, small, args.attention)
         print(f"oracle {dtype} on {args.device}: {same} of {total} requests equal transformers' greedy tokens "
               f"({time.perf_counter() - start:.1f} s)", flush=True)
         ok &= dtype != "float32" or same == total
@@ -133,7 +140,7 @@ def main() -> int:
         start = time.perf_counter()
         path = big_checkpoint(shape, ROOT / "build/models" / f"llama-{args.big}-shape")
         print(f"checkpoint ready in {time.perf_counter() - start:.0f} s", flush=True)
-        run = saturated(args.device, path, args.streams)
+        run = saturated(args.device, path, args.streams, args.attention)
         print(f"saturated {args.big} bf16, {run['streams']} streams of 128 in / 128 out: "
               f"{run['output_tokens_per_s']:,.0f} output tokens/s ({run['output_tokens']} tokens in "
               f"{run['seconds']:.1f} s, {run['steps']} steps; model {run['model_s']:.1f} s, schedule "

@@ -69,17 +69,18 @@ print(model.linear_layout)
 """
 
 
-def write_checkpoint(path: Path, config: dict, num_shards: int = 4, seed: int = 0) -> None:
-    """Random bf16 weights of `config`'s Llama shapes, one shard at a time (never the whole model in memory)."""
+def write_checkpoint(path: Path, config: dict, num_shards: int = 4, seed: int = 0, device: str = "cpu") -> None:
+    """Random bf16 weights of `config`'s Llama shapes, one shard at a time (never the whole model in memory),
+    drawn on `device` (an 8B model's 8 billion draws take minutes on a few CPU cores, a second on a GPU)."""
     from safetensors.torch import save_file
 
     h, i, d = config["hidden_size"], config["intermediate_size"], config["head_dim"]
     q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
     layers = config["num_hidden_layers"]
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def rand(*shape):
-        return (torch.randn(*shape, generator=gen) * 0.02).to(torch.bfloat16)
+        return torch.empty(*shape, dtype=torch.bfloat16, device=device).normal_(0.0, 0.02, generator=gen).cpu()
 
     path.mkdir(parents=True, exist_ok=True)
     per_shard = -(-layers // num_shards)
