@@ -23,6 +23,7 @@ def tiny_model(tmp_path_factory) -> str:
 
 
 LONG_CONTEXT = 1 << 16
+LONG_STREAM = 8000  # llm_long's streams: thousands of steps, each longer than the last, that a test cancels
 
 
 @pytest.fixture(scope="session")
@@ -97,9 +98,10 @@ def model_config(checkpoint: str, name: str, **params) -> str:
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory, tiny_model, gqa_model):
+def server(tmp_path_factory, tiny_model, gqa_model, long_model):
     """One tritonserver for the end-to-end tests, serving:
     llm (default tiny model, native attention kernels), llm_gqa (second checkpoint, torch reference attention),
+    llm_long (long_model, with room for 8 streams of LONG_STREAM tokens),
     llm_small_pool (8 KV blocks of 16 tokens), llm_two (the default model in two instances), ensemble and
     tensorrt_llm (the default model in TensorRT-LLM's batched layout, decoupled and not, with Triton's dynamic
     batcher as shipped), llm_dynamic (the same layout, decoupled, its dynamic batcher holding requests up to 0.5 s
@@ -108,6 +110,7 @@ def server(tmp_path_factory, tiny_model, gqa_model):
     write_repository(root, {
         "llm": model_config(tiny_model, "llm"),
         "llm_gqa": model_config(gqa_model, "llm_gqa", block_size=8, max_num_tokens=512, attention_backend="torch"),
+        "llm_long": model_config(long_model, "llm_long", num_kv_blocks=8 * (LONG_STREAM // 16 + 2)),
         "llm_small_pool": model_config(tiny_model, "llm_small_pool", num_kv_blocks=8, max_batch_size=4),
         "llm_two": model_config(tiny_model, "llm_two", instances=2),
         "ensemble": model_config(tiny_model, "ensemble", triton_max_batch_size=64, dynamic_batching=""),
@@ -120,7 +123,7 @@ def server(tmp_path_factory, tiny_model, gqa_model):
     srv = TritonServer(root, free_port(), free_port(), free_port(), log_file=log)
     srv.start()
     yield srv
-    assert_stopped_cleanly(srv, srv.stop(), ["llm", "llm_gqa", "llm_small_pool", "llm_two", "ensemble",
+    assert_stopped_cleanly(srv, srv.stop(), ["llm", "llm_gqa", "llm_long", "llm_small_pool", "llm_two", "ensemble",
                                             "tensorrt_llm", "llm_dynamic"])
 
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from inflight_backend.make_model import byte_level_tokenizer
-from tests.conftest import Oracle
+from tests.conftest import LONG_STREAM, Oracle
 from tests.triton_helpers import grpc_generate, http_post, metric, sse_events, wait_for_metric
 
 pytestmark = pytest.mark.server
@@ -48,6 +48,7 @@ def test_oracle_concurrent_staggered_arrivals(server, served, oracle_cases):
 
     steps_before = metric(server.metrics_port, "inflight_steps_total", model)
     tokens_before = metric(server.metrics_port, "inflight_generated_tokens_total", model)
+    ended_before = requests_ended(server.metrics_port, model)
     holder = threading.Thread(target=lambda: grpc_generate(
         url(server), model, {"text_input": "hold", "max_tokens": 1900, "min_tokens": 1900, "stream": True},
         on_token=lambda out: holding.set(), cancel_event=done))
@@ -63,7 +64,8 @@ def test_oracle_concurrent_staggered_arrivals(server, served, oracle_cases):
     done.set()
     holder.join()
     assert [r.ids for r in results] == expected
-    # every stream has ended (the holder too) once no request is running: then both counters are final
+    # every stream has ended (the holder too), and the counters were published after the last one ended
+    wait_until_ended(server.metrics_port, model, ended_before + len(oracle_cases) + 1)
     assert wait_for_metric(server.metrics_port, "inflight_requests", model, 0, state="running") == 0
     steps = metric(server.metrics_port, "inflight_steps_total", model) - steps_before
     tokens = metric(server.metrics_port, "inflight_generated_tokens_total", model) - tokens_before
@@ -138,12 +140,14 @@ def test_http_fields_that_name_no_input_are_refused_by_name(server, path):
 
 def test_steps_are_shared_and_a_late_request_is_served_at_once(server):
     """Seven long requests are mid-generation when a short one arrives: it is served, start to end, while all
-    seven still run (they are cancelled after it; each could run 1,000 tokens, so a loaded machine that delays
-    the late client's connection cannot let them finish first; together they fit the pool; they stream 16 tokens
-    a response, so receiving them does not slow this process's late client), and the steps are shared."""
-    model, port = "llm", server.metrics_port
+    seven still run (they are cancelled after it; each could run LONG_STREAM tokens on the long-context model,
+    so neither a loaded machine that delays the late client's connection nor a fast one lets them finish first;
+    together they fit the pool; they stream 16 tokens a response, so receiving them does not slow this process's
+    late client), and the steps are shared."""
+    model, port = "llm_long", server.metrics_port
     steps_before = metric(port, "inflight_steps_total", model)
     tokens_before = metric(port, "inflight_generated_tokens_total", model)
+    ended_before = requests_ended(port, model)
     started = threading.Barrier(8, timeout=300)  # (a broken wait fails the test instead of hanging it)
     late_done = threading.Event()
     results = [None] * 8
@@ -155,8 +159,9 @@ def test_steps_are_shared_and_a_late_request_is_served_at_once(server):
             if len(out.ids) >= 5 and not waited:
                 waited.append(True)
                 started.wait()
-        results[i] = grpc_generate(url(server), model, {"text_input": f"request {i}", "max_tokens": 1000,
-                                                        "min_tokens": 1000, "stream": True, "stream_interval": 16},
+        results[i] = grpc_generate(url(server), model, {"text_input": f"request {i}", "max_tokens": LONG_STREAM,
+                                                        "min_tokens": LONG_STREAM, "stream": True,
+                                                        "stream_interval": 16},
                                    on_token=on_token, cancel_event=late_done)
 
     threads = [threading.Thread(target=early, args=(i,)) for i in range(7)]
@@ -168,15 +173,39 @@ def test_steps_are_shared_and_a_late_request_is_served_at_once(server):
     for t in threads:
         t.join()
     assert results[7].error is None and results[7].finish_reason in ("length", "stop")
-    # none had ended when the late one had: it did not wait behind their 1,000 tokens (their responses come 16
+    # none had ended when the late one had: it did not wait behind their long streams (their responses come 16
     # tokens apart, so one may have had its last before the late one's first: no comparison of those times)
     assert not any(r.final for r in results[:7])
-    # the cancelled ones free their blocks (one whose cancellation Triton missed runs its 1,000 tokens first)
-    assert wait_for_metric(port, "inflight_kv_blocks_used", model, 0, timeout=120) == 0
+    # all eight end (one whose cancellation Triton missed runs to its end first); the whole test may take
+    # less than the 0.2 s between two publications of the engine's counters
+    wait_until_ended(port, model, ended_before + 8)
+    assert wait_for_metric(port, "inflight_kv_blocks_used", model, 0) == 0  # the cancelled ones freed their blocks
     # steps were shared: fewer steps than tokens generated. The server's count, not the clients': a client blocked
     # at the barrier receives nothing while one stream, alone on a slow machine, runs hundreds of steps
-    tokens = metric(port, "inflight_generated_tokens_total", model) - tokens_before
-    assert metric(port, "inflight_steps_total", model) - steps_before < tokens
+    tokens = wait_for_change(lambda: metric(port, "inflight_generated_tokens_total", model), tokens_before)
+    assert metric(port, "inflight_steps_total", model) - steps_before < tokens - tokens_before
+
+
+def requests_ended(port: int, model: str) -> float:
+    return sum(metric(port, "inflight_requests_finished_total", model, reason=reason)
+               for reason in ("stop", "length", "cancelled", "error"))
+
+
+def wait_until_ended(port: int, model: str, count: float, timeout: float = 120.0) -> None:
+    """Until `count` requests have ended. Each end is counted as it happens; the engine's counters and gauges
+    are published at most every 0.2 s, and once more in the same pass as the end of the last running request."""
+    deadline = time.monotonic() + timeout
+    while requests_ended(port, model) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert requests_ended(port, model) == count
+
+
+def wait_for_change(read, old: float, timeout: float = 30.0) -> float:
+    """The value once it differs from `old` (the last publication after the requests ended)."""
+    deadline = time.monotonic() + timeout
+    while (value := read()) == old and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
 
 
 def test_cli_generate_streams_the_completion(server):
