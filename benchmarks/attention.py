@@ -8,6 +8,9 @@
 `--prefill QxC`: one sequence whose last Q of C context tokens are new queries (a prompt chunk; Q = C is a whole
 prompt), causal; beside the reference it times torch's own fused attention (`scaled_dot_product_attention` on
 K/V gathered from the blocks, with the causal mask) as the peer a hand-written kernel should reach.
+`--shape 32 8 128 --calls 20 --baseline-lib OLD.so` (decode tables): the model's heads, back-to-back calls per
+timing (on a GPU the kernel's time, not the launch's), and an older build of the kernel library timed beside
+this one in the same run (benchmarks/gpu_check.sh builds the parent commit's CUDA kernel that way).
 `--mixed QxC+B`: a fused step, B decodes over C keys each and that prompt chunk last, timed as one call and as
 the chunk and the decodes in two calls: a mixed call should cost no more than the two.
 
@@ -35,16 +38,17 @@ HEADS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 8, 2, 64, 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def decode_batch(batch: int, context: int, seed: int = 0, device: str = "cpu", dtype=torch.float32):
+def decode_batch(batch: int, context: int, seed: int = 0, device: str = "cpu", dtype=torch.float32,
+                 heads: int = HEADS, kv_heads: int = KV_HEADS, head_size: int = HEAD_SIZE):
     rng = random.Random(seed)
     per_seq = -(-context // BLOCK_SIZE)
     physical = list(range(batch * per_seq))
     rng.shuffle(physical)
     tables = [physical[i * per_seq:(i + 1) * per_seq] for i in range(batch)]
-    shape = (batch * per_seq, BLOCK_SIZE, KV_HEADS, HEAD_SIZE)
+    shape = (batch * per_seq, BLOCK_SIZE, kv_heads, head_size)
     k_cache = torch.randn(shape, device=device, dtype=dtype)
     v_cache = torch.randn(shape, device=device, dtype=dtype)
-    q = torch.randn(batch, HEADS, HEAD_SIZE, device=device, dtype=dtype)
+    q = torch.randn(batch, heads, head_size, device=device, dtype=dtype)
     meta = AttentionMetadata(
         slot_mapping=torch.zeros(0, dtype=torch.int64, device=device),
         block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
@@ -114,16 +118,19 @@ def prefill_table(native, reference, specs: list[str], repeat: int, device: str,
               f"{flops / t_nat / 1e9:.0f} | {t_ref / t_nat:.2f} | {t_sdpa / t_nat:.2f} |")
 
 
-def seconds(fn, repeat: int) -> float:
+def seconds(fn, repeat: int, calls: int = 1) -> float:
+    """Best of `repeat` timings of `calls` back-to-back calls (on a GPU: launched without waiting, then one
+    synchronisation), per call."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     fn()  # warm up
     sync()
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         sync()
-        times.append(time.perf_counter() - start)
+        times.append((time.perf_counter() - start) / calls)
     return min(times)
 
 
@@ -142,10 +149,20 @@ def main() -> None:
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
     parser.add_argument("--prefill", nargs="+", metavar="QxC", help="time prompt chunks instead of decode")
     parser.add_argument("--mixed", nargs="+", metavar="QxC+B", help="time a prompt chunk beside B decodes")
+    parser.add_argument("--shape", type=int, nargs=3, metavar=("HEADS", "KV_HEADS", "HEAD_SIZE"),
+                        default=[HEADS, KV_HEADS, HEAD_SIZE], help="decode tables: e.g. 32 8 128 (Llama 3 8B)")
+    parser.add_argument("--calls", type=int, default=1,
+                        help="decode tables: back-to-back calls per timing (on a GPU, 20 or so hide the launch)")
+    parser.add_argument("--baseline-lib", type=Path, metavar="SO",
+                        help="decode tables: another build of the kernel library (an older commit's), timed "
+                             "beside this one in the same run")
     args = parser.parse_args()
     lib = load_library(args.device)
     if lib is None:
         sys.exit(f"the {args.device} kernel library is missing: run `make native` first")
+    baseline = None
+    if args.baseline_lib is not None:
+        baseline = NativePagedAttention(load_library(args.device, args.baseline_lib), args.device)
     dtype = DTYPES[args.dtype]
     native, reference = NativePagedAttention(lib, args.device), TorchPagedAttention()
     if args.prefill or args.mixed:
@@ -156,18 +173,27 @@ def main() -> None:
         return mixed_table(native, args.mixed, args.repeat, args.device, dtype)
     bandwidth = copy_bandwidth(device=args.device)
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} CPU threads"
-    print(f"torch {torch.__version__}, {where}, {args.dtype}; copy bandwidth {bandwidth / 1e9:.1f} GB/s")
-    print("| batch | context | torch ref (ms) | native (ms) | speed-up | KV bytes | floor (ms) | native / floor |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    scale = HEAD_SIZE ** -0.5
+    heads, kv_heads, head_size = args.shape
+    print(f"torch {torch.__version__}, {where}, {args.dtype}, {heads} heads / {kv_heads} KV heads, head size "
+          f"{head_size}, {args.calls} call(s) a timing; copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    extra = ("| baseline (ms) | native / baseline ", "---:|") if baseline else ("", "")
+    print(f"| batch | context | torch ref (ms) | native (ms) {extra[0]}| speed-up | KV bytes | floor (ms) | "
+          "native / floor |")
+    print(f"|---:|---:|---:|---:|{extra[1] * 2 if baseline else ''}---:|---:|---:|---:|")
+    scale = head_size ** -0.5
     for batch in args.batches:
         for context in args.contexts:
-            q, k_cache, v_cache, meta = decode_batch(batch, context, device=args.device, dtype=dtype)
+            q, k_cache, v_cache, meta = decode_batch(batch, context, device=args.device, dtype=dtype, heads=heads,
+                                                     kv_heads=kv_heads, head_size=head_size)
             t_ref = seconds(lambda: reference.forward(q, k_cache, v_cache, meta, scale), args.repeat)
-            t_nat = seconds(lambda: native.forward(q, k_cache, v_cache, meta, scale), args.repeat)
-            kv_bytes = 2 * batch * context * KV_HEADS * HEAD_SIZE * k_cache.element_size()
+            t_nat = seconds(lambda: native.forward(q, k_cache, v_cache, meta, scale), args.repeat, args.calls)
+            side = ""
+            if baseline:
+                t_base = seconds(lambda: baseline.forward(q, k_cache, v_cache, meta, scale), args.repeat, args.calls)
+                side = f"{t_base * 1e3:.3f} | {t_nat / t_base:.2f} | "
+            kv_bytes = 2 * batch * context * kv_heads * head_size * k_cache.element_size()
             floor = kv_bytes / bandwidth
-            print(f"| {batch} | {context} | {t_ref * 1e3:.3f} | {t_nat * 1e3:.3f} | {t_ref / t_nat:.1f}x | "
+            print(f"| {batch} | {context} | {t_ref * 1e3:.3f} | {t_nat * 1e3:.3f} | {side}{t_ref / t_nat:.1f}x | "
                   f"{kv_bytes / 1e6:.1f} MB | {floor * 1e3:.3f} | {t_nat / floor:.2f} |")
 
 

@@ -26,6 +26,16 @@ stage 150 kernels $PY benchmarks/gpu_check.py || { status=1; attention=torch; }
 for dtype in float32 bfloat16; do
   stage 60 "attention timings $dtype" $PY benchmarks/attention.py --device cuda --dtype "$dtype" --repeat 20
 done
+# Decode attention at Llama 3 8B's heads and a saturated run's batches, the kernel's own time (20 calls a
+# timing); GPU_CHECK_BASELINE_CU=an older paged_attention.cu: that build timed beside this one.
+baseline=()
+if [ -n "${GPU_CHECK_BASELINE_CU:-}" ] && mkdir -p build/baseline && stage 120 "baseline kernel" \
+    nvcc -O3 -arch="sm_${CUDA_ARCH:-90}" -shared -Xcompiler -fPIC -Iplugins/paged_attention/include \
+    "$GPU_CHECK_BASELINE_CU" -o build/baseline/libinflight_pa_cuda.so; then
+  baseline=(--baseline-lib build/baseline/libinflight_pa_cuda.so)
+fi
+stage 90 "attention timings bfloat16, 8B heads" $PY benchmarks/attention.py --device cuda --dtype bfloat16 \
+  --repeat 10 --calls 20 --shape 32 8 128 --batches 256 1024 --contexts 128 512 "${baseline[@]}"
 stage 480 engine $PY benchmarks/gpu_engine_check.py --attention "$attention" ${GPU_CHECK_SKIP_BIG:+--skip-big} \
   || status=1
 exit $status

@@ -30,3 +30,21 @@ def test_the_kernel_check_without_a_device_says_so():
     done = subprocess.run([sys.executable, "benchmarks/gpu_check.py"], cwd=PROJECT_ROOT, capture_output=True,
                           text=True, timeout=300)
     assert "no CUDA device" in done.stdout + done.stderr
+
+
+def test_the_attention_benchmark_times_a_baseline_build_beside_this_one():
+    """gpu_check.sh's decode table at a model's heads, back-to-back calls, an older build beside this one: the
+    same code on the CPU kernel, timed against itself."""
+    from inflight_backend.attention.kernel_abi import library_path
+
+    lib = library_path("cpu")
+    if not lib.exists():
+        pytest.skip(f"{lib} is not built (make native)")
+    done = subprocess.run([sys.executable, "benchmarks/attention.py", "--batches", "2", "--contexts", "40",
+                           "--shape", "4", "2", "128", "--calls", "2", "--repeat", "1", "--baseline-lib", str(lib)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    header, rule, row = done.stdout.splitlines()[1:4]
+    assert "| baseline (ms) | native / baseline |" in header
+    assert header.count("|") == rule.count("|") == row.count("|") == 11
+    assert "4 heads / 2 KV heads, head size 128, 2 call(s) a timing" in done.stdout

@@ -34,9 +34,10 @@ def library_path(device_type: str) -> Path:
     return LIB_DIR / ("libinflight_pa_cuda.so" if device_type == "cuda" else "libinflight_pa_cpu.so")
 
 
-def load_library(device_type: str) -> ctypes.CDLL | None:
-    """The kernel library for `device_type` ('cpu' or 'cuda'), or None when it has not been built."""
-    path = library_path(device_type)
+def load_library(device_type: str, path: Path | None = None) -> ctypes.CDLL | None:
+    """The kernel library for `device_type` ('cpu' or 'cuda'), or None when it has not been built; `path`: another
+    build of it (a benchmark's baseline)."""
+    path = path or library_path(device_type)
     if not path.exists():
         return None
     lib = ctypes.CDLL(str(path))

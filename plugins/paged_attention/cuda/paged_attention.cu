@@ -1,8 +1,8 @@
 // Paged attention on CUDA.
 //
 // attention_kernel: one CTA per (query token, group of query heads sharing a KV head, context partition).
-// Its warps stride over the partition's keys, walking the block table; lanes hold strided slices of the head
-// dimension so loads coalesce. Each warp keeps an online softmax per head; the CTA merges its warps in shared
+// Its warps stride over the partition's keys a few at a time, walking the block table; lanes hold strided
+// slices of the head dimension so loads coalesce. Each warp keeps an online softmax per head; the CTA merges its warps in shared
 // memory. With several partitions (long contexts) each writes (max, sum, unnormalised output) to the
 // workspace and reduce_kernel merges them. Partitions start at the token's first visible key, so with a
 // sliding window the keys before it cost nothing and a window bounds the partitions. write_kv_kernel scatters
@@ -31,12 +31,6 @@ template <> __device__ __forceinline__ float from_float(float x) { return x; }
 template <> __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
-
 __device__ __forceinline__ int seq_of_token(const int32_t* qsl, int num_seqs, int token) {
   int lo = 0, hi = num_seqs - 1;  // last i with qsl[i] <= token
   while (lo < hi) {
@@ -57,8 +51,9 @@ __device__ __forceinline__ float* partial(float* ws, const pa_params& p, int tok
   return ws + ((int64_t(token) * p.num_heads + head) * num_partitions(p) + part) * (p.head_size + 2);
 }
 
-// VEC = head_size / 32 values per lane; G = query heads per CTA (all sharing one KV head).
-template <typename T, int VEC, int G>
+// VEC = head_size / 32 values per lane; G = query heads per CTA (all sharing one KV head); C = keys per warp
+// per pass (fewer where G * VEC values of q and output already fill the registers).
+template <typename T, int VEC, int G, int C = (G * VEC <= 16 ? 4 : 2)>
 __global__ void __launch_bounds__(kWarps * kWarp)
 attention_kernel(pa_params p, const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
                  const int32_t* __restrict__ block_tables, const int32_t* __restrict__ context_lens,
@@ -90,27 +85,53 @@ attention_kernel(pa_params p, const T* __restrict__ q, const T* __restrict__ kc,
     l[g] = 0.f;
   }
 
-  for (int pos = begin + warp; pos < end; pos += kWarps) {
-    const int64_t base = int64_t(table[pos / p.block_size]) * p.kv_stride_block +
-                         int64_t(pos % p.block_size) * p.kv_stride_token + int64_t(kv_head) * p.kv_stride_head;
-    float kr[VEC], vr[VEC];
+  // Each warp takes C consecutive keys a pass: their block-table entries and K/V rows are all loaded before any
+  // is used (C keys' loads in flight per warp, not one), their C scores per head are reduced side by side, and
+  // the running max, sum and output are rescaled once a pass instead of once a key.
+  for (int pos0 = begin + warp * C; pos0 < end; pos0 += kWarps * C) {
+    float kr[C][VEC], vr[C][VEC];
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      kr[v] = to_float(kc[base + lane + v * kWarp]);
-      vr[v] = to_float(vc[base + lane + v * kWarp]);
+    for (int c = 0; c < C; ++c) {
+      const int pos = min(pos0 + c, end - 1);  // past the end: a repeat of the last key, weighted 0 below
+      const int64_t base = int64_t(table[pos / p.block_size]) * p.kv_stride_block +
+                           int64_t(pos % p.block_size) * p.kv_stride_token + int64_t(kv_head) * p.kv_stride_head;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        kr[c][v] = to_float(kc[base + lane + v * kWarp]);
+        vr[c][v] = to_float(vc[base + lane + v * kWarp]);
+      }
     }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      float s = 0.f;
+      float s[C];
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) s += qr[g][v] * kr[v];
-      s = warp_sum(s);
-      const float m_new = fmaxf(m[g], s);
-      const float alpha = expf(m[g] - m_new), w = expf(s - m_new);
-      l[g] = l[g] * alpha + w;
+      for (int c = 0; c < C; ++c) {
+        s[c] = 0.f;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) s[c] += qr[g][v] * kr[c][v];
+      }
+#pragma unroll
+      for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) s[c] += __shfl_xor_sync(0xffffffffu, s[c], offset);
+      }
+      float m_new = m[g];
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        if (pos0 + c < end) m_new = fmaxf(m_new, s[c]);
+      }
+      const float alpha = expf(m[g] - m_new);
+      l[g] *= alpha;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) acc[g][v] *= alpha;
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        const float w = pos0 + c < end ? expf(s[c] - m_new) : 0.f;
+        l[g] += w;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) acc[g][v] += w * vr[c][v];
+      }
       m[g] = m_new;
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) acc[g][v] = acc[g][v] * alpha + w * vr[v];
     }
   }
 
