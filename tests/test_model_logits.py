@@ -72,3 +72,49 @@ def test_mixed_step_matches_transformers(checkpoint, block_size, attention, line
         expected = hf_last_logits(hf, req.prompt_ids + req.output_ids)
         torch.testing.assert_close(logits[row], expected, atol=ATOL, rtol=0)
         assert logits[row].argmax() == expected.argmax()
+
+
+@pytest.mark.parametrize("attention", ["native", "torch"])
+@pytest.mark.parametrize("checkpoint", ["tiny_model", "gqa_model"])
+def test_the_gpu_layout_matches_transformers_on_the_cpu(checkpoint, attention, request):
+    """On a GPU the model keeps torch's nn.Linear with q/k/v and gate/up merged, and q and k are rotated as one
+    (models/device_kernels.place): the same modules here, on the mixed step above."""
+    from transformers import LlamaForCausalLM
+
+    from inflight_backend.checkpoint import load_model
+    from inflight_backend.models.llama import apply_rotary, merge_projections
+
+    path = request.getfixturevalue(checkpoint)
+    hf = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    bm = BlockManager(num_blocks=100, block_size=16)
+    runner = TorchRunner(path, bm.num_blocks, 16, attention=attention, linear="torch")
+    runner.model = load_model(path, runner.attention, torch.float32).eval()
+    merge_projections(runner.model)
+    attn = runner.model.model.layers[0].self_attn
+    assert attn.qkv_proj is not None and attn.rotary is apply_rotary and runner.model.model.layers[0].mlp.gate_up_proj
+    rng = random.Random(1)
+    a = Request("a", [rng.randrange(258) for _ in range(20)], SamplingParams(8))
+    b = Request("b", [rng.randrange(258) for _ in range(30)], SamplingParams(8))
+    step(runner, bm, [(a, 20)])
+    a.output_ids.append(rng.randrange(258))
+    logits = step(runner, bm, [(a, 1), (b, 30)])
+    for row, req in enumerate([a, b]):
+        expected = hf_last_logits(hf, req.prompt_ids + req.output_ids)
+        torch.testing.assert_close(logits[row], expected, atol=ATOL, rtol=0)
+        assert logits[row].argmax() == expected.argmax()
+
+
+def test_rotary_of_merged_heads_is_the_rotary_of_each():
+    """apply_rotary on q and k that sit side by side in one merged qkv row (one set of ops, views returned)
+    equals it on separate tensors, bit for bit; one token, whose row stride is arbitrary, too."""
+    from inflight_backend.models.llama import _heads_follow, apply_rotary
+
+    for tokens in (1, 7):
+        qkv = torch.randn(tokens, (8 + 2 + 2) * 64)
+        q, k = qkv[:, :512].view(tokens, 8, 64), qkv[:, 512:640].view(tokens, 2, 64)
+        cos, sin = torch.randn(tokens, 1, 64), torch.randn(tokens, 1, 64)
+        assert _heads_follow(q, k) and not _heads_follow(q.clone(), k.clone())
+        got_q, got_k = apply_rotary(q, k, cos, sin)
+        want_q, want_k = apply_rotary(q.clone(), k.clone(), cos, sin)
+        assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+        assert got_q.shape == q.shape and got_k.shape == k.shape

@@ -22,6 +22,7 @@ from torch import nn
 from ..config import AMX_GEMM, LINEAR_BACKENDS
 from . import skinny_gemm
 from .activation_pool import ActivationPool
+from .llama import merge_projections
 
 
 class InputMajorLinear(nn.Module):
@@ -104,9 +105,7 @@ def convert_cpu_linears(model: nn.Module, backend: str = "auto", dtype: torch.dt
         return "torch (input-major)"
     # The skinny GEMM computes each output column alone, in the same order whatever the other columns, so
     # merged q/k/v and gate/up projections give exactly the separate ones' results, in fewer calls.
-    for module in model.modules():
-        if callable(merge := getattr(module, "merge_projections", None)):
-            merge()
+    merge_projections(model)
     pool = ActivationPool()
     _replace(model, lambda name, linear: PackedLinear(linear, lib, pool, amx and name != "lm_head"))
     amx_rows = skinny_gemm.amx_min_rows(lib)

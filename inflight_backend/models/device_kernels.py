@@ -1,14 +1,14 @@
 """Which kernels a loaded model computes with on its device, chosen once after loading (checkpoint.py only
 loads weights). On the CPU: the linear layers' layout (cpu_layout.py) and, with the native one, the ops fused
 between them (cpu_ops.py) and the whole layer stack in one call (decoder_stack.py); elsewhere torch's own
-modules."""
+modules, with the q/k/v and gate/up projections merged."""
 from __future__ import annotations
 
 import torch
 
 from . import cpu_ops, decoder_stack
 from .cpu_layout import PackedLinear, convert_cpu_linears
-from .llama import LlamaForCausalLM
+from .llama import LlamaForCausalLM, merge_projections
 
 
 def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto",
@@ -27,4 +27,8 @@ def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto",
             if (stack := decoder_stack.build(model)) is not None:
                 model.decoder_stack = stack
                 model.linear_layout += ", layers in one native call"
-    return model.to(device).eval()
+        return model.to(device).eval()
+    model = model.to(device).eval()
+    merge_projections(model)
+    model.linear_layout = "torch (nn.Linear, merged qkv and gate/up)"
+    return model

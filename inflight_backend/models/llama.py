@@ -127,7 +127,21 @@ class Rotary(nn.Module):
 
 
 def apply_rotary(q, k, cos, sin):
+    """(T, heads, D) q and (T, kv_heads, D) k rotated; cos, sin: (T, 1, D). When k's heads follow q's in each row
+    (a merged qkv projection's output), both go through one set of elementwise ops (half the kernel launches of
+    a step on a GPU) and come back as views of one tensor; the values are the same either way."""
+    if _heads_follow(q, k):
+        qk = q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
+        out = qk * cos + _rotate_half(qk) * sin
+        return out[:, :q.shape[1]], out[:, q.shape[1]:]
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _heads_follow(q, k) -> bool:
+    dim = q.shape[2]
+    return (q.stride()[1:] == k.stride()[1:] == (dim, 1) and k.shape[2] == dim and q.dtype == k.dtype
+            and (q.shape[0] == 1 or q.stride(0) == k.stride(0))
+            and k.data_ptr() == q.data_ptr() + q.shape[1] * dim * q.element_size())
 
 
 def silu_mul(gate, up):
@@ -224,6 +238,14 @@ class MLP(nn.Module):
             half = gate_up.shape[-1] // 2
             return self.down_proj(self.act_mul(gate_up[..., :half], gate_up[..., half:]))
         return self.down_proj(self.act_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+def merge_projections(model: nn.Module) -> None:
+    """In every module that offers it: q/k/v in one linear layer and gate/up in another (four GEMMs a layer
+    instead of seven), and so q and k side by side in each row, which apply_rotary rotates as one."""
+    for module in model.modules():
+        if callable(merge := getattr(module, "merge_projections", None)):
+            merge()
 
 
 def merged_linear(*linears: nn.Linear) -> nn.Linear:
