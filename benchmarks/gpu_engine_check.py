@@ -2,7 +2,8 @@
 H200). Needs torch with CUDA, transformers, tokenizers, safetensors, numpy and jinja2 (the H200 image has them);
 no tritonserver.
 
-    python3 benchmarks/gpu_engine_check.py [--device cuda] [--big 8b|small] [--streams 256] [--skip-big]
+    python3 benchmarks/gpu_engine_check.py [--device cuda] [--big 8b|small] [--streams 256 1024] [--profile STEPS]
+                                            [--skip-big]
 
 1. Oracle: a small random Llama (head size 64, GQA) through InflightEngine on the device, fp32 and bf16, 12
    requests arriving a step apart, greedy, against transformers' `generate` on the same device and dtype.
@@ -45,12 +46,12 @@ SMALL_BIG = {**LLAMA_31_8B, "hidden_size": 256, "intermediate_size": 512, "num_h
              "bos_token_id": 256, "eos_token_id": 257}
 
 
-def oracle(device: str, dtype: str, path: str, attention: str) -> tuple[int, int]:
+def oracle(device: str, dtype: str, path: str, attention: str, graphs: bool = False) -> tuple[int, int]:
     """(requests whose greedy tokens equal transformers', requests)."""
     from transformers import LlamaForCausalLM
 
     engine = InflightEngine(EngineConfig(checkpoint=path, device=device, dtype=dtype, num_kv_blocks=512,
-                                         max_batch_size=16, attention_backend=attention))
+                                         max_batch_size=16, attention_backend=attention, cuda_graphs=graphs))
     rng = random.Random(0)
     cases = [([256] + [rng.randrange(256) for _ in range(n)], m)
              for n, m in zip([3, 17, 64, 130, 5, 300, 41, 90, 8, 220, 33, 1], [40, 12, 64, 25, 64, 9, 50, 30, 64,
@@ -77,12 +78,14 @@ def oracle(device: str, dtype: str, path: str, attention: str) -> tuple[int, int
 
 
 def saturated(device: str, path: str, streams: int, attention: str, prompt_len: int = 128,
-              output_len: int = 128) -> dict:
+              output_len: int = 128, profile: int = 0, graphs: bool = False) -> dict:
+    """All `streams` requests at once, run to the end; `profile`: print torch.profiler's tables for that many
+    decode steps (from the 20th step on; their time is counted too)."""
     blocks = streams * -(-(prompt_len + output_len) // 16) + 16
     start = time.perf_counter()
     engine = InflightEngine(EngineConfig(checkpoint=path, device=device, dtype="bfloat16", num_kv_blocks=blocks,
                                          max_batch_size=streams, max_num_tokens=8192, enable_chunked_prefill=True,
-                                         attention_backend=attention))
+                                         attention_backend=attention, cuda_graphs=graphs))
     print(f"engine loaded in {time.perf_counter() - start:.0f} s", flush=True)
     vocab = engine.runner.vocab_size
     rng = random.Random(1)
@@ -91,14 +94,46 @@ def saturated(device: str, path: str, streams: int, attention: str, prompt_len: 
                            SamplingParams(max_tokens=output_len, min_tokens=output_len))
     if device == "cuda":
         torch.cuda.synchronize()
-    start, tokens = time.perf_counter(), 0
+    start, tokens, profiler = time.perf_counter(), 0, None
     while engine.has_unfinished():
+        if profile and engine.stats.num_steps == 20:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                          torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
         tokens += sum(len(out.token_ids) for out in engine.step())
+        if profiler is not None and engine.stats.num_steps == 20 + profile:
+            profiler.__exit__(None, None, None)
+            for key in ("self_cpu_time_total", "self_device_time_total"):
+                print(profiler.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
+            profiler = None
     wall = time.perf_counter() - start
     s = engine.stats
-    return {"streams": streams, "output_tokens": tokens, "seconds": wall, "output_tokens_per_s": tokens / wall,
+    return {"streams": streams, "cuda_graphs": graphs, "output_tokens": tokens, "seconds": wall,
+            "output_tokens_per_s": tokens / wall,
             "steps": s.num_steps, "model_s": s.model_seconds, "schedule_s": s.schedule_seconds,
             "sample_s": s.sample_seconds}
+
+
+def oracles(device: str, path: str, attention: str, graphs: bool) -> bool:
+    """Both dtypes against transformers; True when fp32 matches token for token."""
+    ok, mode = True, ", CUDA graphs" if graphs else ""
+    for dtype in ("float32", "bfloat16"):
+        start = time.perf_counter()
+        same, total = oracle(device, dtype, path, attention, graphs)
+        print(f"oracle {dtype} on {device}{mode}: {same} of {total} requests equal transformers' greedy tokens "
+              f"({time.perf_counter() - start:.1f} s)", flush=True)
+        ok &= dtype != "float32" or same == total
+    return ok
+
+
+def report(name: str, run: dict) -> dict:
+    graphs = ", CUDA graphs" if run["cuda_graphs"] else ""
+    print(f"saturated {name} bf16{graphs}, {run['streams']} streams of 128 in / 128 out: "
+          f"{run['output_tokens_per_s']:,.0f} output tokens/s ({run['output_tokens']} tokens in "
+          f"{run['seconds']:.1f} s, {run['steps']} steps; model {run['model_s']:.1f} s, schedule "
+          f"{run['schedule_s']:.1f} s, sample {run['sample_s']:.1f} s)", flush=True)
+    print(json.dumps(run))
+    return run
 
 
 def big_checkpoint(shape: dict, path: Path) -> str:
@@ -114,7 +149,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--big", choices=["8b", "small"], default="8b")
-    parser.add_argument("--streams", type=int, default=256)
+    parser.add_argument("--streams", type=int, nargs="+", default=[256, 1024],
+                        help="the saturated runs' numbers of requests (one run each)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="torch.profiler's tables for this many decode steps of the first saturated run")
     parser.add_argument("--skip-big", action="store_true")
     parser.add_argument("--attention", choices=["auto", "native", "torch"], default="auto",
                         help="the engine's attention backend (torch: when the CUDA kernels failed their check)")
@@ -126,12 +164,7 @@ def main() -> int:
     small = make_model(str(ROOT / "build/models/gpu-oracle"), TinySpec(hidden_size=256, intermediate_size=688,
                                                                       num_attention_heads=4, num_key_value_heads=2,
                                                                       seed=11))
-    for dtype in ("float32", "bfloat16"):
-        start = time.perf_counter()
-        same, total = oracle(args.device, dtype, small, args.attention)
-        print(f"oracle {dtype} on {args.device}: {same} of {total} requests equal transformers' greedy tokens "
-              f"({time.perf_counter() - start:.1f} s)", flush=True)
-        ok &= dtype != "float32" or same == total
+    ok &= oracles(args.device, small, args.attention, graphs=False)
     ceiling = in_process(str(ROOT / "build/models/gpu-oracle"), 256, 32, 256)
     print(f"serving ceiling in process (engine null, 256 streams): {ceiling['tokens_per_s']:,.0f} tokens/s, "
           f"{ceiling['step_ms']:.3f} ms a step", flush=True)
@@ -140,12 +173,22 @@ def main() -> int:
         start = time.perf_counter()
         path = big_checkpoint(shape, ROOT / "build/models" / f"llama-{args.big}-shape")
         print(f"checkpoint ready in {time.perf_counter() - start:.0f} s", flush=True)
-        run = saturated(args.device, path, args.streams, args.attention)
-        print(f"saturated {args.big} bf16, {run['streams']} streams of 128 in / 128 out: "
-              f"{run['output_tokens_per_s']:,.0f} output tokens/s ({run['output_tokens']} tokens in "
-              f"{run['seconds']:.1f} s, {run['steps']} steps; model {run['model_s']:.1f} s, schedule "
-              f"{run['schedule_s']:.1f} s, sample {run['sample_s']:.1f} s)", flush=True)
-        print(json.dumps(run))
+        eager = {}
+        for i, streams in enumerate(args.streams):
+            eager[streams] = report(args.big, saturated(args.device, path, streams, args.attention,
+                                                        profile=args.profile if i == 0 else 0))
+    # CUDA graphs last: a failure there (a CUDA error spoils the process's context) loses nothing above
+    if args.device == "cuda" and args.attention != "torch":
+        try:
+            ok &= oracles(args.device, small, args.attention, graphs=True)
+            if not args.skip_big:
+                for streams in args.streams:
+                    run = report(args.big, saturated(args.device, path, streams, args.attention, graphs=True))
+                    print(f"CUDA graphs / eager at {streams} streams: "
+                          f"{run['output_tokens_per_s'] / eager[streams]['output_tokens_per_s']:.2f}", flush=True)
+        except Exception as exc:  # noqa: BLE001 (reported, and the check fails)
+            print(f"CUDA graphs FAILED: {type(exc).__name__}: {exc}", flush=True)
+            ok = False
     print("ENGINE CHECKS OK" if ok else "ENGINE CHECKS FAILED")
     return 0 if ok else 1
 

@@ -35,6 +35,7 @@ class EngineConfig:
     max_batch_size: int = 64  # running sequences per iteration
     max_num_tokens: int = 1024  # packed tokens per iteration (prefill + decode)
     enable_chunked_prefill: bool = False
+    cuda_graphs: bool = False  # pytorch engine on CUDA: decode steps replayed as CUDA graphs (runners/cuda_graphs.py)
     enable_kv_cache_reuse: bool = True  # prefix caching: full blocks of computed prefixes are reused by later requests
     cache_aware_admission_ms: float = 0.0  # > 0: admit longest cached prefix first, none passed over longer; 0: off
     max_chunk_tokens: int = 0  # chunked prefill: most prompt tokens one request computes per step; 0: the budget
@@ -53,6 +54,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _check(self.engine in ENGINES, f"engine must be one of {ENGINES}, got {self.engine!r}")
+        _check(not self.cuda_graphs or self.engine == "pytorch", "cuda_graphs: true applies to engine: pytorch")
         _check(self.engine != "tensorrt" or bool(self.engine_path),
                "engine: tensorrt needs engine_path (the output directory of `inflight build-engine`)")
         _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")

@@ -48,3 +48,26 @@ def test_serve_preflight_names_a_missing_checkpoint(tmp_path, tiny_model):
     assert any("model bad: checkpoint" in p and "no config.json" in p for p in problems)
     assert any("model typo: unknown parameters" in p for p in problems)
     assert check_repository(tmp_path / "missing") == [f"model repository {tmp_path / 'missing'} does not exist"]
+
+
+def test_cuda_graphs_are_refused_where_they_cannot_run(tiny_model):
+    """cuda_graphs: true on the CPU or with another engine is an error naming it, not a setting ignored."""
+    from inflight_backend.engine import InflightEngine
+
+    with pytest.raises(RuntimeError, match="cuda_graphs: true applies to CUDA devices"):
+        InflightEngine(EngineConfig(checkpoint=tiny_model, device="cpu", cuda_graphs=True))
+    with pytest.raises(ValueError, match="cuda_graphs: true applies to engine: pytorch"):
+        EngineConfig(checkpoint=tiny_model, engine="null", cuda_graphs=True)
+
+
+def test_cuda_graph_buckets_cover_every_batch_and_context():
+    """Each decode step is padded to the smallest captured batch holding it, and its longest context to a
+    power-of-two number of the attention kernel's 512-key partitions, capped by what the graphs cover."""
+    from inflight_backend.runners.cuda_graphs import PARTITION, batch_buckets, context_bucket
+
+    assert batch_buckets(1) == [1] and batch_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert PARTITION == 512
+    assert [context_bucket(n, 8192) for n in (1, 512, 513, 1024, 1025, 2048, 2049, 8192)] == \
+        [512, 512, 1024, 1024, 2048, 2048, 4096, 8192]
+    assert context_bucket(2500, 3000) == 3000 and context_bucket(100, 300) == 300

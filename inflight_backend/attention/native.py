@@ -84,6 +84,16 @@ class NativePagedAttention(AttentionBackend):
             params = self._params[key] = make_params(q, k_cache, meta, scale, out, window)
         return params
 
+    @property
+    def uses_fallback(self) -> bool:
+        """True once a call went to the torch reference (a shape or dtype the kernel does not support)."""
+        return self._use_fallback
+
+    @property
+    def workspace(self) -> torch.Tensor | None:
+        """The CUDA kernel's scratch buffer as last sized (a larger call replaces it)."""
+        return self._workspace
+
     def _cuda_workspace(self, size: int, device) -> torch.Tensor:
         if self._workspace is None or self._workspace.numel() < size:
             self._workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=device)

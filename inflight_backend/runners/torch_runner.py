@@ -8,6 +8,7 @@ from ..checkpoint import load_model
 from ..models import device_kernels
 from ..scheduler import SchedulerOutput
 from .base import ModelRunner
+from .cuda_graphs import DecodeGraphs
 from .step_inputs import StepInputs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -18,7 +19,7 @@ class TorchRunner(ModelRunner):
 
     def __init__(self, checkpoint: str, num_blocks: int, block_size: int, device: str = "cpu",
                  dtype: str = "float32", attention: str = "auto", linear: str = "auto",
-                 amx_gemm: str = "auto") -> None:
+                 amx_gemm: str = "auto", cuda_graphs: bool = False, max_batch_size: int = 64) -> None:
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
         self.block_size = block_size
@@ -31,14 +32,23 @@ class TorchRunner(ModelRunner):
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(cfg.num_hidden_layers)]
+        self.graphs = None
+        if cuda_graphs:
+            if self.device.type != "cuda":
+                raise RuntimeError(f"cuda_graphs: true applies to CUDA devices (device {self.device})")
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, self.attention, max_batch_size, block_size,
+                                       cfg.max_position_embeddings, self.device)
 
     def describe(self) -> str:
+        graphs = f", decode steps in CUDA graphs (to {self.graphs.max_context} tokens)" if self.graphs else ""
         return (f"pytorch {self.dtype} on {self.device}, attention: {self.attention.name}, "
-                f"linear: {self.model.linear_layout}; {self.model.load_report}")
+                f"linear: {self.model.linear_layout}{graphs}; {self.model.load_report}")
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> torch.Tensor:
         step = StepInputs.build(output, self.block_size)
+        if self.graphs is not None and self.graphs.covers(step):
+            return self.graphs.run(step)
         meta = AttentionMetadata(
             slot_mapping=self._tensor(step.slot_mapping),
             block_tables=self._tensor(step.block_tables, torch.int32),
