@@ -91,7 +91,8 @@ def test_the_gpu_layout_matches_transformers_on_the_cpu(checkpoint, attention, r
     runner.model = load_model(path, runner.attention, torch.float32).eval()
     merge_projections(runner.model)
     attn = runner.model.model.layers[0].self_attn
-    assert attn.qkv_proj is not None and attn.rotary is apply_rotary and runner.model.model.layers[0].mlp.gate_up_proj
+    assert attn.qkv_proj is not None and attn.rotary is apply_rotary
+    assert runner.model.model.layers[0].mlp.gate_up_proj is not None
     rng = random.Random(1)
     a = Request("a", [rng.randrange(258) for _ in range(20)], SamplingParams(8))
     b = Request("b", [rng.randrange(258) for _ in range(30)], SamplingParams(8))
@@ -118,3 +119,18 @@ def test_rotary_of_merged_heads_is_the_rotary_of_each():
         want_q, want_k = apply_rotary(q.clone(), k.clone(), cos, sin)
         assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
         assert got_q.shape == q.shape and got_k.shape == k.shape
+
+
+def test_rotary_of_tensors_merely_side_by_side_in_memory():
+    """Two tensors adjacent in memory but not views of one (as CUDA's caching allocator placed two clones on
+    the H200, where a view of q reaching into k failed) are rotated apart."""
+    from inflight_backend.models.llama import _heads_follow, apply_rotary
+
+    buffer = torch.randn(640).numpy()
+    q = torch.from_numpy(buffer[:512]).view(1, 8, 64)  # from_numpy: each its own storage over one buffer
+    k = torch.from_numpy(buffer[512:]).view(1, 2, 64)
+    assert k.data_ptr() == q.data_ptr() + 512 * 4 and not _heads_follow(q, k)
+    cos, sin = torch.randn(1, 1, 64), torch.randn(1, 1, 64)
+    got_q, got_k = apply_rotary(q, k, cos, sin)
+    want_q, want_k = apply_rotary(q.clone(), k.clone(), cos, sin)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)

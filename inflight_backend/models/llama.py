@@ -138,10 +138,13 @@ def apply_rotary(q, k, cos, sin):
 
 
 def _heads_follow(q, k) -> bool:
+    """k's heads right after q's in each row of one tensor (two tensors that merely sit side by side in memory,
+    as a caching allocator may place them, do not count: a view of one cannot reach into the other)."""
     dim = q.shape[2]
     return (q.stride()[1:] == k.stride()[1:] == (dim, 1) and k.shape[2] == dim and q.dtype == k.dtype
             and (q.shape[0] == 1 or q.stride(0) == k.stride(0))
-            and k.data_ptr() == q.data_ptr() + q.shape[1] * dim * q.element_size())
+            and k.data_ptr() == q.data_ptr() + q.shape[1] * dim * q.element_size()
+            and k.untyped_storage().data_ptr() == q.untyped_storage().data_ptr())
 
 
 def silu_mul(gate, up):
