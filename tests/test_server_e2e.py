@@ -8,6 +8,7 @@ import pytest
 
 from inflight_backend.make_model import byte_level_tokenizer
 from tests.conftest import LONG_STREAM, Oracle
+from tests.test_server_faults import REASONS, wait_until_ended
 from tests.triton_helpers import grpc_generate, http_post, metric, sse_events, wait_for_metric
 
 pytestmark = pytest.mark.server
@@ -48,7 +49,8 @@ def test_oracle_concurrent_staggered_arrivals(server, served, oracle_cases):
 
     steps_before = metric(server.metrics_port, "inflight_steps_total", model)
     tokens_before = metric(server.metrics_port, "inflight_generated_tokens_total", model)
-    ended_before = requests_ended(server.metrics_port, model)
+    ended_before = {r: metric(server.metrics_port, "inflight_requests_finished_total", model, reason=r)
+                    for r in REASONS}
     holder = threading.Thread(target=lambda: grpc_generate(
         url(server), model, {"text_input": "hold", "max_tokens": 1900, "min_tokens": 1900, "stream": True},
         on_token=lambda out: holding.set(), cancel_event=done))
@@ -65,7 +67,7 @@ def test_oracle_concurrent_staggered_arrivals(server, served, oracle_cases):
     holder.join()
     assert [r.ids for r in results] == expected
     # every stream has ended (the holder too), and the counters were published after the last one ended
-    wait_until_ended(server.metrics_port, model, ended_before + len(oracle_cases) + 1)
+    wait_until_ended(server.metrics_port, model, ended_before, len(oracle_cases) + 1)
     assert wait_for_metric(server.metrics_port, "inflight_requests", model, 0, state="running") == 0
     steps = metric(server.metrics_port, "inflight_steps_total", model) - steps_before
     tokens = metric(server.metrics_port, "inflight_generated_tokens_total", model) - tokens_before
@@ -147,7 +149,7 @@ def test_steps_are_shared_and_a_late_request_is_served_at_once(server):
     model, port = "llm_long", server.metrics_port
     steps_before = metric(port, "inflight_steps_total", model)
     tokens_before = metric(port, "inflight_generated_tokens_total", model)
-    ended_before = requests_ended(port, model)
+    ended_before = {r: metric(port, "inflight_requests_finished_total", model, reason=r) for r in REASONS}
     started = threading.Barrier(8, timeout=300)  # (a broken wait fails the test instead of hanging it)
     late_done = threading.Event()
     results = [None] * 8
@@ -178,26 +180,12 @@ def test_steps_are_shared_and_a_late_request_is_served_at_once(server):
     assert not any(r.final for r in results[:7])
     # all eight end (one whose cancellation Triton missed runs to its end first); the whole test may take
     # less than the 0.2 s between two publications of the engine's counters
-    wait_until_ended(port, model, ended_before + 8)
+    wait_until_ended(port, model, ended_before, 8)
     assert wait_for_metric(port, "inflight_kv_blocks_used", model, 0) == 0  # the cancelled ones freed their blocks
     # steps were shared: fewer steps than tokens generated. The server's count, not the clients': a client blocked
     # at the barrier receives nothing while one stream, alone on a slow machine, runs hundreds of steps
     tokens = wait_for_change(lambda: metric(port, "inflight_generated_tokens_total", model), tokens_before)
     assert metric(port, "inflight_steps_total", model) - steps_before < tokens - tokens_before
-
-
-def requests_ended(port: int, model: str) -> float:
-    return sum(metric(port, "inflight_requests_finished_total", model, reason=reason)
-               for reason in ("stop", "length", "cancelled", "error"))
-
-
-def wait_until_ended(port: int, model: str, count: float, timeout: float = 120.0) -> None:
-    """Until `count` requests have ended. Each end is counted as it happens; the engine's counters and gauges
-    are published at most every 0.2 s, and once more in the same pass as the end of the last running request."""
-    deadline = time.monotonic() + timeout
-    while requests_ended(port, model) < count and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert requests_ended(port, model) == count
 
 
 def wait_for_change(read, old: float, timeout: float = 30.0) -> float:

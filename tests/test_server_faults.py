@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.conftest import Oracle
+from tests.conftest import LONG_STREAM, Oracle
 from tests.triton_helpers import grpc_generate, metric, wait_for_metric
 
 pytestmark = pytest.mark.server
@@ -102,13 +102,14 @@ def test_cancelled_streams_among_64_stop_and_the_others_finish(server):
 
 # A client process that opens N streams (N requests of MAX_TOKENS, default 1900), prints a line per response
 # ("token I", "final I", "stopping I" for the server's shutdown error, "error I" for any other; I is the stream)
-# and keeps its streams open until it is killed.
+# and keeps its streams open until it is killed. The model: $KILLED_CLIENT_MODEL, else llm.
 KILLED_CLIENT = """
 import os, sys, time
 import tritonclient.grpc as grpcclient
 from tests.triton_helpers import infer_inputs
 url, n, max_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 1900
 gated = sys.argv[4:] == ["gated"]  # connect, say so, and send only once a line comes on stdin
+model = os.environ.get("KILLED_CLIENT_MODEL", "llm")
 def line(result, error, i):  # one write per response ("token 3"): lines never mix
     if error is not None:
         kind = "stopping" if "shutting down" in str(error) else "error"
@@ -124,7 +125,7 @@ if gated:
     os.write(1, b"connected 0\\n")
     sys.stdin.readline()
 for c, inputs in zip(clients, requests):  # sent together: on a loaded machine, slow set-up between requests
-    c.async_stream_infer("llm", inputs)   # let the first ones finish before the last began
+    c.async_stream_infer(model, inputs)   # let the first ones finish before the last began
 time.sleep(600)
 """
 
@@ -136,15 +137,17 @@ def test_a_killed_client_stops_its_requests(server):
     Not all are marked: Triton 2.51's gRPC frontend sometimes misses the cancellation of some of a dead client's
     streams that shared one connection (its verbose log then shows fewer "Issuing cancellation" lines than
     streams), and no other signal reaches a Python model (send() to a dead stream succeeds). Those run to
-    max_tokens, kept short here (yet long enough that none ends before the last has begun; 6 fit the pool)."""
-    model, port, n, max_tokens = "llm", server.metrics_port, 6, 1000
+    max_tokens: LONG_STREAM on the long-context model, so that none ends before the kill, however fast the
+    machine, and a missed one ends in seconds (6 fit the pool)."""
+    model, port, n, max_tokens = "llm_long", server.metrics_port, 6, LONG_STREAM
     before = {r: metric(port, "inflight_requests_finished_total", model, reason=r) for r in REASONS}
     client = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, url(server), str(n), str(max_tokens)],
-                              stdout=subprocess.PIPE, cwd=os.path.dirname(os.path.dirname(__file__)))
+                              stdout=subprocess.PIPE, cwd=os.path.dirname(os.path.dirname(__file__)),
+                              env={**os.environ, "KILLED_CLIENT_MODEL": model})
     await_tokens_on_every_stream(client, n)  # all n requests are in (and running: they fit the pool together)
     os.kill(client.pid, signal.SIGKILL)
     client.wait()
-    wait_until_ended(port, model, before, n)  # a missed cancellation runs its 300 tokens
+    wait_until_ended(port, model, before, n)  # a missed cancellation runs its LONG_STREAM tokens
     after = {r: metric(port, "inflight_requests_finished_total", model, reason=r) for r in REASONS}
     assert sum(after.values()) - sum(before.values()) == n
     assert after["cancelled"] > before["cancelled"] and after["error"] == before["error"]
