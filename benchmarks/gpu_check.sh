@@ -2,7 +2,8 @@
 # One prepared script for a machine with a GPU (such as the device tool's H200): build the kernels, check the
 # CUDA ones against the reference, time decode attention on the GPU, then run the engine there
 # (benchmarks/gpu_engine_check.py: greedy tokens against transformers in fp32 and bf16, the in-process serving
-# ceiling, a saturated Llama-3.1-8B-shaped run). Uses the machine's python3, torch and transformers; under
+# ceiling, saturated Llama-3.1-8B-shaped runs eager and with CUDA graphs, torch.profiler's tables of 3 decode
+# steps at the largest batch). Uses the machine's python3, torch and transformers; under
 # 10 minutes on an H200 (GPU_CHECK_SKIP_BIG=1 leaves out the 8B run). Each stage has its own time limit, so one
 # that hangs does not take the later ones with it; when the CUDA kernels fail their check, the engine runs with
 # the torch attention reference, so its other parts are still checked.
@@ -36,6 +37,6 @@ if [ -n "${GPU_CHECK_BASELINE_CU:-}" ] && mkdir -p build/baseline && stage 120 "
 fi
 stage 90 "attention timings bfloat16, 8B heads" $PY benchmarks/attention.py --device cuda --dtype bfloat16 \
   --repeat 10 --calls 20 --shape 32 8 128 --batches 256 1024 --contexts 128 512 "${baseline[@]}"
-stage 480 engine $PY benchmarks/gpu_engine_check.py --attention "$attention" ${GPU_CHECK_SKIP_BIG:+--skip-big} \
-  || status=1
+stage 480 engine $PY benchmarks/gpu_engine_check.py --attention "$attention" --profile 3 \
+  ${GPU_CHECK_SKIP_BIG:+--skip-big} || status=1
 exit $status

@@ -152,7 +152,8 @@ def main() -> int:
     parser.add_argument("--streams", type=int, nargs="+", default=[256, 1024],
                         help="the saturated runs' numbers of requests (one run each)")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                        help="torch.profiler's tables for this many decode steps of the first saturated run")
+                        help="torch.profiler's tables for this many decode steps of one more run at the largest "
+                             "--streams, after the timed ones (the profiler slows the steps it records)")
     parser.add_argument("--skip-big", action="store_true")
     parser.add_argument("--attention", choices=["auto", "native", "torch"], default="auto",
                         help="the engine's attention backend (torch: when the CUDA kernels failed their check)")
@@ -174,9 +175,11 @@ def main() -> int:
         path = big_checkpoint(shape, ROOT / "build/models" / f"llama-{args.big}-shape")
         print(f"checkpoint ready in {time.perf_counter() - start:.0f} s", flush=True)
         eager = {}
-        for i, streams in enumerate(args.streams):
-            eager[streams] = report(args.big, saturated(args.device, path, streams, args.attention,
-                                                        profile=args.profile if i == 0 else 0))
+        for streams in args.streams:
+            eager[streams] = report(args.big, saturated(args.device, path, streams, args.attention))
+    if args.profile and not args.skip_big:
+        print(f"profile: {args.profile} decode steps at {args.streams[-1]} streams, eager (untimed run)", flush=True)
+        saturated(args.device, path, args.streams[-1], args.attention, profile=args.profile)
     # CUDA graphs last: a failure there (a CUDA error spoils the process's context) loses nothing above
     if args.device == "cuda" and args.attention != "torch":
         try:

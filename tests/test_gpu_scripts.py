@@ -18,10 +18,12 @@ def test_the_shell_script_parses():
 
 def test_the_engine_check_runs_on_the_cpu_with_small_shapes():
     done = subprocess.run([sys.executable, "benchmarks/gpu_engine_check.py", "--device", "cpu", "--big", "small",
-                           "--streams", "8"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+                           "--streams", "8", "--profile", "1"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "oracle float32 on cpu: 12 of 12 requests equal transformers' greedy tokens" in done.stdout
     assert "saturated small bf16, 8 streams of 128 in / 128 out" in done.stdout
+    assert "profile: 1 decode steps at 8 streams" in done.stdout and "Self CPU time total" in done.stdout
     assert done.stdout.rstrip().endswith("ENGINE CHECKS OK")
 
 
