@@ -12,10 +12,15 @@ one key and write no KV (slot -1). The graph's logits are its own static output:
 next step (the engine samples at once, and clones the rows it keeps)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..attention import AttentionMetadata, NativePagedAttention
 from .step_inputs import StepInputs
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
 
 MAX_CONTEXT = 8192  # longest context a graph covers (16 partitions of the kernel's 512 keys)
 PARTITION = 512  # keys per partition of the CUDA attention kernel (kPartition in paged_attention.cu)
@@ -34,12 +39,13 @@ def context_bucket(longest: int, limit: int) -> int:
 
 
 class DecodeGraphs:
-    """Captures and replays the model's decode steps. `attention` must be the native CUDA backend: the torch
-    reference reads sequence lengths on the host, which a graph would freeze."""
+    """Captures and replays the model's decode steps. `attention` must be the native backend: the torch
+    reference reads sequence lengths on the host, which a graph would freeze. (The buffers and the padding work
+    on any device; only `_capture` needs CUDA, and the CPU tests replace it.)"""
 
     def __init__(self, model, kv_caches: list, attention, max_batch_size: int, block_size: int,
                  max_context: int, device: torch.device) -> None:
-        if not (isinstance(attention, NativePagedAttention) and attention.cuda):
+        if not isinstance(attention, NativePagedAttention):
             raise RuntimeError("cuda_graphs: true needs the native CUDA attention kernels "
                                "(build/lib/libinflight_pa_cuda.so, attention_backend auto or native)")
         self.model, self.kv_caches, self.attention = model, kv_caches, attention
@@ -53,7 +59,7 @@ class DecodeGraphs:
         self.context_lens = torch.ones(rows, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(rows + 1, dtype=torch.int32, device=device)
         self.sample_indices = torch.arange(rows, dtype=torch.int64, device=device)
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool: _POOL_HANDLE | None = None  # the graphs' shared memory pool, made at the first capture
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, object]] = {}
 
     def covers(self, step: StepInputs) -> bool:
@@ -86,12 +92,18 @@ class DecodeGraphs:
             self.slot_mapping[n:batch].fill_(-1)
             self.context_lens[n:batch].fill_(1)
 
-    def _capture(self, batch: int, context: int):
+    def graph_args(self, batch: int, context: int) -> tuple:
+        """The model's arguments for a graph of `batch` rows and `context` keys: views of the static buffers."""
         meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:batch], block_tables=self.block_tables[:batch],
             query_start_loc=list(range(batch + 1)), context_lens=[context] * batch, decode_only=True,
             query_start_loc_tensor=self.query_start_loc[:batch + 1], context_lens_tensor=self.context_lens[:batch])
-        args = (self.input_ids[:batch], self.positions[:batch], self.kv_caches, meta, self.sample_indices[:batch])
+        return self.input_ids[:batch], self.positions[:batch], self.kv_caches, meta, self.sample_indices[:batch]
+
+    def _capture(self, batch: int, context: int):
+        args = self.graph_args(batch, context)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         # One eager run first, on a side stream (as torch's graph docs do): it sizes the attention workspace
         # outside the capture and initialises cuBLAS. Its KV writes are this step's own, which the replay repeats.
         side = torch.cuda.Stream()
