@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..paths import LIB_DIR
-from .llama import MLP, Attention, RMSNorm
+from .llama import MLP, Attention, RMSNorm, qk_rows
 
 OPS_OK = 0
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -123,13 +123,8 @@ class NativeRMSNorm(nn.Module):
 
 def _rotary_pair(lib, q, k, cos, sin):
     """Rotary on q and k; one call when k's heads follow q's in each row (a merged qkv projection's output)."""
-    tokens, heads, dim = q.shape
-    adjacent = (k.data_ptr() == q.data_ptr() + heads * dim * q.element_size() and k.shape[2] == dim
-                and k.untyped_storage().data_ptr() == q.untyped_storage().data_ptr())  # views of one tensor
-    heads_contiguous = q.stride()[1:] == k.stride()[1:] == (dim, 1)
-    if adjacent and heads_contiguous and (tokens == 1 or q.stride(0) == k.stride(0)):
-        row = q.stride(0) if tokens > 1 else (heads + k.shape[1]) * dim  # a single token's stride is arbitrary
-        rotary_(lib, q.as_strided((tokens, heads + k.shape[1], dim), (row, dim, 1)), cos, sin)
+    if (qk := qk_rows(q, k)) is not None:
+        rotary_(lib, qk, cos, sin)
         return q, k
     return rotary_(lib, q, cos, sin), rotary_(lib, k, cos, sin)
 

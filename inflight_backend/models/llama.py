@@ -130,11 +130,20 @@ def apply_rotary(q, k, cos, sin):
     """(T, heads, D) q and (T, kv_heads, D) k rotated; cos, sin: (T, 1, D). When k's heads follow q's in each row
     (a merged qkv projection's output), both go through one set of elementwise ops (half the kernel launches of
     a step on a GPU) and come back as views of one tensor; the values are the same either way."""
-    if _heads_follow(q, k):
-        qk = q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
+    if (qk := qk_rows(q, k)) is not None:
         out = qk * cos + _rotate_half(qk) * sin
         return out[:, :q.shape[1]], out[:, q.shape[1]:]
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def qk_rows(q, k):
+    """q's and k's heads as one (T, heads + kv_heads, D) view when k's heads follow q's in each row of one tensor
+    (a merged qkv projection's output); else None."""
+    if not _heads_follow(q, k):
+        return None
+    tokens, heads, dim = q.shape
+    row = q.stride(0) if tokens > 1 else (heads + k.shape[1]) * dim  # a single token's stride is arbitrary
+    return q.as_strided((tokens, heads + k.shape[1], dim), (row, dim, 1))
 
 
 def _heads_follow(q, k) -> bool:
