@@ -11,6 +11,9 @@ K/V gathered from the blocks, with the causal mask) as the peer a hand-written k
 `--shape 32 8 128 --calls 20 --baseline-lib OLD.so` (decode tables): the model's heads, back-to-back calls per
 timing (on a GPU the kernel's time, not the launch's), and an older build of the kernel library timed beside
 this one in the same run (benchmarks/gpu_check.sh builds the parent commit's CUDA kernel that way).
+`--layers N` (decode tables): N caches, one a layer, each timing one call per layer in turn, so every call reads
+its K and V from memory as in a model's step (the caches together larger than the last-level cache), against the
+read bandwidth (a large tensor's sum) as well as the copy bandwidth.
 `--mixed QxC+B`: a fused step, B decodes over C keys each and that prompt chunk last, timed as one call and as
 the chunk and the decodes in two calls: a mixed call should cost no more than the two.
 
@@ -140,6 +143,12 @@ def copy_bandwidth(num_bytes: int = 512 << 20, repeat: int = 9, device: str = "c
     return 2 * num_bytes / seconds(lambda: dst.copy_(src), repeat)
 
 
+def read_bandwidth(num_bytes: int = 512 << 20, repeat: int = 9, device: str = "cpu") -> float:
+    """Bytes read per second by the sum of a large tensor (the floor of a kernel that only reads)."""
+    x = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+    return num_bytes / seconds(x.sum, repeat)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
@@ -153,6 +162,8 @@ def main() -> None:
                         default=[HEADS, KV_HEADS, HEAD_SIZE], help="decode tables: e.g. 32 8 128 (Llama 3 8B)")
     parser.add_argument("--calls", type=int, default=1,
                         help="decode tables: back-to-back calls per timing (on a GPU, 20 or so hide the launch)")
+    parser.add_argument("--layers", type=int, default=1,
+                        help="decode tables: one cache a layer, each timing one call per layer (cold caches)")
     parser.add_argument("--baseline-lib", type=Path, metavar="SO",
                         help="decode tables: another build of the kernel library (an older commit's), timed "
                              "beside this one in the same run")
@@ -172,29 +183,49 @@ def main() -> None:
             return prefill_table(native, reference, args.prefill, args.repeat, args.device, dtype)
         return mixed_table(native, args.mixed, args.repeat, args.device, dtype)
     bandwidth = copy_bandwidth(device=args.device)
+    reads = read_bandwidth(device=args.device) if args.layers > 1 else None
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} CPU threads"
     heads, kv_heads, head_size = args.shape
     print(f"torch {torch.__version__}, {where}, {args.dtype}, {heads} heads / {kv_heads} KV heads, head size "
-          f"{head_size}, {args.calls} call(s) a timing; copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+          f"{head_size}, {args.calls} call(s) a timing; copy bandwidth {bandwidth / 1e9:.1f} GB/s"
+          + ("" if reads is None else f"; {args.layers} layers, a call each, cold caches: read bandwidth "
+                                      f"{reads / 1e9:.1f} GB/s"))
     extra = ("| baseline (ms) | native / baseline ", "---:|") if baseline else ("", "")
+    cold = ("| read floor (ms) | native / read floor ", "---:|---:|") if reads else ("", "")
     print(f"| batch | context | torch ref (ms) | native (ms) {extra[0]}| speed-up | KV bytes | floor (ms) | "
-          "native / floor |")
-    print(f"|---:|---:|---:|---:|{extra[1] * 2 if baseline else ''}---:|---:|---:|---:|")
+          f"native / floor {cold[0]}|")
+    print(f"|---:|---:|---:|---:|{extra[1] * 2 if baseline else ''}---:|---:|---:|---:|{cold[1]}")
     scale = head_size ** -0.5
     for batch in args.batches:
         for context in args.contexts:
             q, k_cache, v_cache, meta = decode_batch(batch, context, device=args.device, dtype=dtype, heads=heads,
                                                      kv_heads=kv_heads, head_size=head_size)
+            caches = [(k_cache, v_cache)] + [decode_batch(batch, context, seed=layer, device=args.device, dtype=dtype,
+                                                          heads=heads, kv_heads=kv_heads, head_size=head_size)[1:3]
+                                             for layer in range(1, args.layers)]
             t_ref = seconds(lambda: reference.forward(q, k_cache, v_cache, meta, scale), args.repeat)
-            t_nat = seconds(lambda: native.forward(q, k_cache, v_cache, meta, scale), args.repeat, args.calls)
+            t_nat = seconds(_each_layer(native, q, caches, meta, scale), args.repeat, args.calls * args.layers)
             side = ""
             if baseline:
-                t_base = seconds(lambda: baseline.forward(q, k_cache, v_cache, meta, scale), args.repeat, args.calls)
+                t_base = seconds(_each_layer(baseline, q, caches, meta, scale), args.repeat,
+                                 args.calls * args.layers)
                 side = f"{t_base * 1e3:.3f} | {t_nat / t_base:.2f} | "
             kv_bytes = 2 * batch * context * kv_heads * head_size * k_cache.element_size()
             floor = kv_bytes / bandwidth
+            read_floor = "" if reads is None else f" {kv_bytes / reads * 1e3:.3f} | {t_nat * reads / kv_bytes:.2f} |"
             print(f"| {batch} | {context} | {t_ref * 1e3:.3f} | {t_nat * 1e3:.3f} | {side}{t_ref / t_nat:.1f}x | "
-                  f"{kv_bytes / 1e6:.1f} MB | {floor * 1e3:.3f} | {t_nat / floor:.2f} |")
+                  f"{kv_bytes / 1e6:.1f} MB | {floor * 1e3:.3f} | {t_nat / floor:.2f} |{read_floor}")
+            del caches
+
+
+def _each_layer(kernel, q, caches, meta, scale):
+    """A call that attends over the next layer's cache each time it is called (the layers in turn)."""
+    turn = iter(range(1 << 62))
+
+    def call():
+        k_cache, v_cache = caches[next(turn) % len(caches)]
+        return kernel.forward(q, k_cache, v_cache, meta, scale)
+    return call
 
 
 if __name__ == "__main__":

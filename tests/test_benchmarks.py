@@ -165,3 +165,19 @@ def test_the_in_process_target_counts_every_token_of_a_coalesced_output(monkeypa
     records, _ = target.run(items, [0.0] * len(items))
     assert [len(r.token_times) for r in records] == [6, 7, 8]
     assert summarize(records)["output_tokens"] == 21
+
+
+def test_attention_benchmark_cold_mode_attends_over_each_layer_cache_in_turn():
+    from benchmarks.attention import _each_layer
+
+    seen = []
+
+    class Kernel:
+        def forward(self, q, k_cache, v_cache, meta, scale):
+            seen.append((k_cache, v_cache))
+
+    caches = [("k0", "v0"), ("k1", "v1"), ("k2", "v2")]
+    call = _each_layer(Kernel(), "q", caches, "meta", 0.125)
+    for _ in range(7):
+        call()
+    assert seen == [caches[i % 3] for i in range(7)]

@@ -54,6 +54,25 @@ def test_cpu_kernel_mixed_step_matches_reference(cpu_backend, dtype, step):
     assert (got.float() - want).abs().max().item() <= TOLERANCE[dtype]
 
 
+# Decodes of similar length, one task a sequence: every KV head of a token attended in one pass over the keys
+# (4 query heads per KV head, untiled), rows scored and summed head by head within each chunk of keys.
+DECODES_ALL_HEADS = [(c, 1) for c in (300, 257, 190, 64, 65, 129, 200, 311)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_size", [64, 128, 32])
+@pytest.mark.parametrize("kv_heads", [4, 3])
+def test_cpu_kernel_decodes_with_every_kv_head_in_one_pass(cpu_backend, dtype, head_size, kv_heads):
+    q, k_cache, v_cache, meta = random_batch(random.Random(kv_heads), block_size=16, num_heads=4 * kv_heads,
+                                             num_kv_heads=kv_heads, head_size=head_size, dtype=dtype,
+                                             lengths=DECODES_ALL_HEADS)
+    scale = head_size ** -0.5
+    want = TorchPagedAttention().forward(q.float(), k_cache.float(), v_cache.float(), meta, scale)
+    got = cpu_backend.forward(q, k_cache, v_cache, meta, scale)
+    assert not cpu_backend._use_fallback
+    assert (got.float() - want).abs().max().item() <= TOLERANCE[dtype]
+
+
 WINDOW_DECODES = [(c, 1) for c in (1, 6, 7, 8, 16, 17, 100, 515, 2000, 33)]
 
 

@@ -1,6 +1,7 @@
 // Paged attention on the CPU: walks each sequence's block table directly (no gather copies). Work is split into
-// tasks of (sequence, KV head, block of queries), or whole one-block sequences when they are small, so K and V
-// rows are read once for every query head of the group; an online softmax in fp32 rescales once per chunk of
+// tasks of (sequence, KV head, block of queries), or whole one-block sequences when they are small (a decode's KV
+// heads then scored chunk by chunk together, in one pass over its cache), so K and V rows are read once for every
+// query head of the group; an online softmax in fp32 rescales once per chunk of
 // keys. Each K/V row read serves every (query, head) row of a block; causal limits (and a sliding window's first
 // keys) mask per row, and chunks wholly before every row's window are not read. Blocks of at
 // least kMinTiledRows rows score a chunk of keys as a small GEMM (the chunk transposed once, keys along the
@@ -267,9 +268,16 @@ PA_WIDE void accumulate_tile(const T* const* vrows, int n, const float* scores, 
 struct Scratch {  // per-thread buffers, allocated once per call
   std::vector<float> q, acc, scores, buf, m, l, kt;
   std::vector<int> first, limit;
-  Scratch(int rows, int D)
-      : q(rows * D), acc(rows * D), scores(rows * kChunk), buf(D), m(rows), l(rows),
-        kt(rows >= kMinTiledRows ? D * kChunk : 0), first(rows), limit(rows) {}  // kt: tiled blocks only
+  std::vector<const void*> shifted;  // one chunk's row pointers moved to another KV head
+  Scratch(int rows, int D, bool tiled)
+      : q(rows * D), acc(rows * D), scores(rows * kChunk), buf(D), m(rows), l(rows), kt(tiled ? D * kChunk : 0),
+        first(rows), limit(rows), shifted(kChunk) {}
+  // rows[i] + offset for the chunk's n rows (the same positions in another KV head), valid until the next call.
+  template <typename T> const T** head_rows(const T* const* rows, int n, int64_t offset) {
+    const T** out = reinterpret_cast<const T**>(shifted.data());
+    for (int i = 0; i < n; ++i) out[i] = rows[i] + offset;
+    return out;
+  }
 };
 
 // Attention of `rows` query rows (already scaled, in w.q; row r sees keys [w.first[r], w.limit[r]), both
@@ -277,11 +285,14 @@ struct Scratch {  // per-thread buffers, allocated once per call
 // of token r / group_size:
 // its result goes to out + (r / group_size) * out_token_stride + (r % group_size) * out_head_stride. (Per-row
 // output pointers instead made the whole loop 2x slower: the compiler could no longer keep its arrays apart.)
+// With heads > 1 (one decode token, untiled) the rows are `heads` KV heads' query groups, k's head first: each
+// chunk of keys is scored and summed for every head before the next, so a token's K and V rows, adjacent in the
+// cache, are read in one pass from memory instead of one strided pass per head.
 template <typename T>
-void attend(const pa_params& p, int rows, int group_size, const Seq<T>& k, const Seq<T>& v, int num_keys,
-            Scratch& w, T* out, int64_t out_token_stride, int64_t out_head_stride) {
-  const int D = p.head_size, group = rows;
-  const bool tiled = rows >= kMinTiledRows;
+void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T>& k, const Seq<T>& v,
+            int num_keys, Scratch& w, T* out, int64_t out_token_stride, int64_t out_head_stride) {
+  const int D = p.head_size, group = rows, per_head = rows / heads;
+  const bool tiled = heads == 1 && rows >= kMinTiledRows;
   const float* q = w.q.data();
   const int *first = w.first.data(), *limit = w.limit.data();
   const int start = first[0];
@@ -303,12 +314,18 @@ void attend(const pa_params& p, int rows, int group_size, const Seq<T>& k, const
       if (n < kChunk)
         for (int d = 0; d < D; ++d) std::fill(kt + d * kChunk + n, kt + (d + 1) * kChunk, 0.f);
       score_tile(q, kt, group, D, scores);
-    } else if (kHaveDots && std::is_same<T, float>::value && D % 16 == 0) {
-      dots(q, reinterpret_cast<const float* const*>(krows), n, group, D, scores);
     } else {
-      for (int i = 0; i < n; ++i) {
-        const float* krow = as_floats(krows[i], buf, D);
-        for (int g = 0; g < group; ++g) scores[g * kChunk + i] = dot(q + g * D, krow, D);
+      for (int h = 0; h < heads; ++h) {
+        const T** hk = h == 0 ? krows : w.head_rows(krows, n, h * p.kv_stride_head);
+        const int g0 = h * per_head;
+        if (kHaveDots && std::is_same<T, float>::value && D % 16 == 0) {
+          dots(q + g0 * D, reinterpret_cast<const float* const*>(hk), n, per_head, D, scores + g0 * kChunk);
+        } else {
+          for (int i = 0; i < n; ++i) {
+            const float* krow = as_floats(hk[i], buf, D);
+            for (int g = g0; g < g0 + per_head; ++g) scores[g * kChunk + i] = dot(q + g * D, krow, D);
+          }
+        }
       }
     }
     if (k0 + n > limit[0])  // causal mask, only in the last chunks of a query block (rows' limits ascend)
@@ -341,12 +358,17 @@ void attend(const pa_params& p, int rows, int group_size, const Seq<T>& k, const
 #pragma omp simd
       for (int d = 0; d < D; ++d) a[d] *= alpha;
     }
-    if (tiled && D == 64)
-      accumulate_tile<64, 4>(vrows, n, scores, group, acc, buf);
-    else if (tiled && D == 128)
-      accumulate_tile<128, 2>(vrows, n, scores, group, acc, buf);
-    else
-      accumulate(vrows, n, scores, group, D, acc, buf);
+    for (int h = 0; h < heads; ++h) {  // register tiles whatever the rows: each V row loaded once per tile
+      const T** hv = h == 0 ? vrows : w.head_rows(vrows, n, h * p.kv_stride_head);
+      const float* hs = scores + h * per_head * kChunk;
+      float* ha = acc + h * per_head * D;
+      if (D == 64)
+        accumulate_tile<64, 4>(hv, n, hs, per_head, ha, buf);
+      else if (D == 128)
+        accumulate_tile<128, 2>(hv, n, hs, per_head, ha, buf);
+      else
+        accumulate(hv, n, hs, per_head, D, ha, buf);
+    }
     if (k0 + n < num_keys) k.rows(k0 + n, std::min(kChunk, num_keys - k0 - n), krows);
   }
   for (int g = 0; g < group; ++g) {
@@ -410,18 +432,21 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
   const int num_tasks = int(tasks.size());
 #pragma omp parallel
   {
-    Scratch w(block * group, D);  // sized for this call: decode-only steps allocate a few rows
+    // sized for this call: decode-only steps allocate a few rows, or a token's heads taken together
+    Scratch w(std::max(block * group, p.num_heads), D, block * group >= kMinTiledRows);
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < num_tasks; ++i) {
       const Task& task = tasks[i];
       const int s = task.s, j0 = task.j0, nq = task.nq;
       const int32_t* table = block_tables + int64_t(s) * p.max_blocks_per_seq;
       const int q0 = qsl[s], num_q = qsl[s + 1] - qsl[s], len = context_lens[s];
-      for (int h = task.h0; h < task.h0 + task.nh; ++h) {
+      // one query row group per head (untiled): the task's heads in one pass over the keys
+      const int together = nq == 1 && group < kMinTiledRows ? task.nh : 1;
+      for (int h = task.h0; h < task.h0 + task.nh; h += together) {
         const Seq<T> k{kc, table, &p, h}, v{vc, table, &p, h};
         for (int j = 0; j < nq; ++j) {
           const int64_t t = q0 + j0 + j;
-          for (int g = 0; g < group; ++g) {
+          for (int g = 0; g < together * group; ++g) {
             const int r = j * group + g;
             const T* row = q + t * p.q_stride_token + int64_t(h * group + g) * p.q_stride_head;
             for (int d = 0; d < D; ++d) w.q[r * D + d] = to_float(row[d]) * p.scale;
@@ -429,7 +454,7 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
             w.first[r] = p.sliding_window > 0 ? std::max(0, w.limit[r] - p.sliding_window) : 0;
           }
         }
-        attend(p, nq * group, group, k, v, len - num_q + j0 + nq, w,
+        attend(p, nq * group * together, group * together, together, k, v, len - num_q + j0 + nq, w,
                out + (q0 + j0) * p.out_stride_token + int64_t(h * group) * p.out_stride_head, p.out_stride_token,
                p.out_stride_head);
       }
