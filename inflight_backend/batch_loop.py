@@ -3,9 +3,9 @@
 Other threads talk to the engine only through a command queue (submit, cancel), applied between steps, so
 the engine itself stays single-threaded and a step never sees its blocks freed under it, and through the few
 pure calls below (tokenize, validate, describe), which read nothing a step changes. Outputs go to a second
-thread, so sending responses never delays the next step; when that thread falls behind, it takes every step's
-outputs waiting at once and merges each stream's into one (coalesce.py): one response per stream per turn,
-however many tokens it carries. Steps compute on the engine thread only: the thread that builds the loop (the
+thread, so sending responses never delays the next step; while that thread falls behind, each stream's waiting
+outputs are merged into one as they come (outbox.py): one response per stream per turn, however many tokens it
+carries. Steps compute on the engine thread only: the thread that builds the loop (the
 one that loaded the model) gives its OpenMP pool back (openmp_pool.py), so the engine thread's workers spin
 between a step's parallel regions instead of sleeping through each.
 """
@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 from . import openmp_pool
 from .block_manager import blocks_for
-from .coalesce import coalesce
 from .engine import InflightEngine, RequestError, RequestOutput
+from .outbox import Outbox
 from .request import PromptLimits, SamplingParams, ServerStopping
 from .stats import EngineStats
 
@@ -44,7 +44,7 @@ class BatchLoop:
         self._emit = emit
         self._on_idle = on_idle or (lambda: None)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._outputs: queue.SimpleQueue = queue.SimpleQueue()
+        self._outbox = Outbox()
         self._pending_adds = 0  # submitted, not yet in the engine's waiting queue
         self._pending_lock = threading.Lock()
         self._drain_message: str | None = None  # engine thread only: once set, every request ends with it
@@ -130,8 +130,8 @@ class BatchLoop:
                     outputs += engine.fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
                 idle = engine.stats.num_steps == steps_before
             if outputs:
-                self._outputs.put((outputs, copy.copy(engine.stats)))
-        self._outputs.put(None)
+                self._outbox.put(outputs, copy.copy(engine.stats))
+        self._outbox.close()
 
     def _apply_commands(self, outputs: list[RequestOutput], wait: float) -> bool:
         """Apply queued commands, waiting up to `wait` seconds for the first; False once asked to stop."""
@@ -153,7 +153,7 @@ class BatchLoop:
             else:
                 outputs += [out for req_id in self.engine.open_request_ids()
                             if (out := self.engine.abort(req_id)) is not None]
-                self._outputs.put((outputs, copy.copy(self.engine.stats)))
+                self._outbox.put(outputs, copy.copy(self.engine.stats))
                 return False
 
     def _add(self, outputs, req_id, prompt_ids, params, priority, arrival_time, share_prompt_with) -> None:
@@ -168,31 +168,19 @@ class BatchLoop:
 
     def _run_responder(self) -> None:
         while True:
-            try:
-                item = self._outputs.get(timeout=_IDLE_WAIT_S)
-            except queue.Empty:
+            taken = self._outbox.take(_IDLE_WAIT_S)
+            if taken is None:
                 if self._closed:
                     return
                 self._on_idle()
                 continue
-            if item is None or self._closed:
+            outputs, stats, end = taken
+            if self._closed:
                 return
-            outputs, stats, end, behind = item[0], item[1], False, False
-            while True:  # everything else already waiting goes in the same turn
+            if outputs and stats is not None:  # (outputs always come with their step's stats)
                 try:
-                    more = self._outputs.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    end = True
-                    break
-                outputs.extend(more[0])  # the engine thread made each list for this queue alone
-                stats, behind = more[1], True
-            if behind:
-                outputs = coalesce(outputs)
-            try:
-                self._emit(outputs, stats)
-            except Exception:  # keep delivering other requests' outputs
-                traceback.print_exc()
+                    self._emit(outputs, stats)
+                except Exception:  # keep delivering other requests' outputs
+                    traceback.print_exc()
             if end:
                 return

@@ -30,29 +30,66 @@ def merge(first: RequestOutput, later: RequestOutput) -> RequestOutput:
 
 def coalesce(outputs: list[RequestOutput]) -> list[RequestOutput]:
     """`outputs` in order, each request's run of consecutive mergeable outputs merged into its first place."""
-    merged: list[RequestOutput | list[RequestOutput]] = []  # a list: a run of one request's outputs, merged below
-    open_at: dict[str, int] = {}  # req_id -> index in merged of its run still open to merging
-    for out in outputs:
-        at = open_at.get(out.req_id)
-        if at is not None and mergeable(out):
-            run = merged[at]
-            if isinstance(run, list):
-                run.append(out)
+    runs = Coalescer()
+    runs.add(outputs)
+    return runs.take()
+
+
+class Coalescer:
+    """coalesce() as outputs arrive: each request's open run is joined as each output comes, so however far the
+    engine runs ahead of the responder, what waits is one output per stream (the engine's per-token outputs are
+    freed at once, and the garbage collector's passes do not walk a backlog of them)."""
+
+    def __init__(self) -> None:
+        self._items: list[RequestOutput | _Run] = []
+        self._open: dict[str, _Run] = {}  # req_id -> its run still open to merging
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def add(self, outputs: list[RequestOutput]) -> None:
+        items, open_runs = self._items, self._open
+        for out in outputs:
+            run = open_runs.get(out.req_id)
+            if run is not None and out.token_info is None and out.error is None:  # mergeable(out)
+                run.add(out)
+            elif mergeable(out):
+                run = open_runs[out.req_id] = _Run(out)
+                items.append(run)
             else:
-                merged[at] = [run, out]
-        else:
-            open_at.pop(out.req_id, None)
-            if mergeable(out):
-                open_at[out.req_id] = len(merged)
-            merged.append(out)
-        if out.finished:
-            open_at.pop(out.req_id, None)
-    return [_join(item) if isinstance(item, list) else item for item in merged]
+                open_runs.pop(out.req_id, None)
+                items.append(out)
+            if out.finish_reason is not None:
+                open_runs.pop(out.req_id, None)
+
+    def take(self) -> list[RequestOutput]:
+        """Everything added since the last take, merged, in order; the coalescer is empty after."""
+        items, self._items, self._open = self._items, [], {}
+        return [item.output() if isinstance(item, _Run) else item for item in items]
 
 
-def _join(run: list[RequestOutput]) -> RequestOutput:
-    """merge() over a run, building the token list and the text once."""
-    first, last = run[0], run[-1]
-    context = next((o.context_logits for o in run if o.context_logits is not None), None)
-    return replace(last, token_ids=[t for o in run for t in o.token_ids], text="".join(o.text for o in run),
-                   token_time=first.token_time, context_logits=context)
+class _Run:
+    """One request's consecutive mergeable outputs: the first's time and prompt logits, the last's other fields,
+    the token ids and text of all."""
+
+    __slots__ = ("first", "last", "token_ids", "texts")
+
+    def __init__(self, out: RequestOutput) -> None:
+        self.first = self.last = out
+        self.token_ids: list[int] | None = None  # until a second output comes
+        self.texts: list[str] = []
+
+    def add(self, out: RequestOutput) -> None:
+        if self.token_ids is None:
+            self.token_ids, self.texts = list(self.first.token_ids), [self.first.text]
+        self.token_ids += out.token_ids
+        self.texts.append(out.text)
+        if self.first.context_logits is None and out.context_logits is not None:
+            self.first = replace(self.first, context_logits=out.context_logits)
+        self.last = out
+
+    def output(self) -> RequestOutput:
+        if self.token_ids is None:
+            return self.first
+        return replace(self.last, token_ids=self.token_ids, text="".join(self.texts),
+                       token_time=self.first.token_time, context_logits=self.first.context_logits)

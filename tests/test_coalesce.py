@@ -1,12 +1,14 @@
 """Coalescing: a stream that fell behind gets its waiting tokens in one response, with exactly the tokens and
 text of one response per token; stream_interval holds a stream's tokens until it has that many."""
+import random
 import threading
 
 from inflight_backend.batch_loop import BatchLoop
 from inflight_backend.calls import Call, Sequence, held_back
-from inflight_backend.coalesce import coalesce
+from inflight_backend.coalesce import Coalescer, coalesce
 from inflight_backend.config import EngineConfig
 from inflight_backend.engine import InflightEngine, RequestOutput
+from inflight_backend.outbox import Outbox
 from inflight_backend.request import SamplingParams
 from inflight_backend.token_rules import TokenInfo
 
@@ -81,3 +83,48 @@ def test_stream_interval_holds_a_stream_until_it_has_that_many_tokens():
     assert [(o.token_ids, o.text) for o in sent if o is not None] == [([1, 2, 3], "abc"), ([4, 5, 6], "def"),
                                                                       ([7, 8], "gh")]
     assert seq.pending is None
+
+
+def _random_outputs(rng, n):
+    """Outputs of 4 requests in a random order: tokens, some with per-token info, errors, finals."""
+    info = TokenInfo(logprob=-0.5, top=(), logits=None)
+    outs = []
+    for i in range(n):
+        req = rng.choice("abcd")
+        kind = rng.random()
+        outs.append(out(req, [i], f"<{i}>", "length" if kind < 0.1 else None, token_time=float(i),
+                        token_info=info if 0.1 <= kind < 0.25 else None, error="x" if 0.25 <= kind < 0.3 else None))
+    return outs
+
+
+def test_outputs_merged_as_they_arrive_equal_the_whole_backlog_merged_at_once():
+    rng = random.Random(5)
+    for _ in range(200):
+        outputs = _random_outputs(rng, rng.randint(0, 40))
+        runs = Coalescer()
+        at = 0
+        while at < len(outputs):  # in steps of any size
+            n = rng.randint(1, 6)
+            runs.add(outputs[at:at + n])
+            at += n
+        got, want = runs.take(), coalesce(outputs)
+        assert [(o.req_id, o.token_ids, o.text, o.token_time, o.finish_reason, o.error, o.token_info)
+                for o in got] == [(o.req_id, o.token_ids, o.text, o.token_time, o.finish_reason, o.error,
+                                   o.token_info) for o in want]
+        assert not runs and runs.take() == []
+
+
+def test_the_outbox_holds_one_output_per_stream_however_many_steps_wait():
+    outbox = Outbox()
+    assert outbox.take(0.01) is None  # nothing came
+    stats = object()
+    for step in range(100):
+        outbox.put([out(r, [step], str(step)) for r in "abc"], stats)
+    outputs, got_stats, closed = outbox.take(0.01)
+    assert [(o.req_id, o.token_ids, o.text) for o in outputs] == [
+        (r, list(range(100)), "".join(map(str, range(100)))) for r in "abc"]
+    assert got_stats is stats and not closed
+    outbox.put([out("a", [100], "!", "length")], stats)
+    outbox.close()
+    assert [(o.req_id, o.token_ids, o.finish_reason) for o in outbox.take(0.01)[0]] == [("a", [100], "length")]
+    assert outbox.take(0.01) == ([], stats, True)  # closed: the responder stops at once
