@@ -88,10 +88,14 @@ class TritonMetrics:
     def observe_first_token(self, seconds_since_arrival: float) -> None:
         self._ttft.observe(seconds_since_arrival)
 
-    def observe_finished(self, reason: str, e2e_seconds: float, time_per_output_token: float | None) -> None:
+    def record_finished(self, counts: dict[str, int]) -> None:
+        """Requests ended since the last call, by finish reason: one increment per reason, not per request."""
+        for reason, count in counts.items():
+            self._finished[reason].increment(count)
+
+    def observe_finished(self, e2e_seconds: float, time_per_output_token: float | None) -> None:
         """One request ended; time_per_output_token is None when it produced fewer than two tokens.
         (Per-token observations would cost one IPC round trip to tritonserver per token.)"""
-        self._finished[reason].increment(1)
         self._e2e.observe(e2e_seconds)
         if time_per_output_token is not None:
             self._tpot.observe(time_per_output_token)

@@ -78,6 +78,9 @@ class TritonPythonModel:
         self._unpublished: EngineStats | None = None
         self._respond_seconds = 0.0
         self._rejected: Counter[str] = Counter()  # by reason, since the last publish (execute's thread adds)
+        # Requests ended since the last publish, by finish reason (responder only): counted with the stats they
+        # came with, one IPC per reason a publish rather than one per request
+        self._finished: Counter[str] = Counter()
         self._stop_signal = StopSignal.from_environment()
         self._stopping: str | None = None  # once set: the message every open and new request ends with
         self._drained_logged = False
@@ -249,7 +252,7 @@ class TritonPythonModel:
 
     def _on_idle(self) -> None:
         """Responder thread, nothing to send: publish what changed (stats after a failure, rejections)."""
-        if self._unpublished is not None or self._rejected:
+        if self._unpublished is not None or self._rejected or self._finished:
             self._publish_metrics()
 
     def _publish_metrics(self) -> None:
@@ -258,7 +261,8 @@ class TritonPythonModel:
         if self._unpublished is not None:
             self.metrics.update(self._unpublished, self._respond_seconds)
         self.metrics.record_rejections(rejected)
-        self._unpublished, self._respond_seconds = None, 0.0
+        self.metrics.record_finished(self._finished)
+        self._unpublished, self._respond_seconds, self._finished = None, 0.0, Counter()
         self._last_publish = time.monotonic()
 
     def _deliver(self, seq: Sequence, out: RequestOutput, last: bool) -> None:
@@ -315,12 +319,13 @@ class TritonPythonModel:
         if out.token_ids and not seq.first_token_seen:
             seq.first_token_seen = True
             self.metrics.observe_first_token(out.token_time - seq.arrival)
-        if out.finished:
+        if out.finish_reason is not None:  # out.finished, spelled so that the reason is a str below
             per_token, times = None, out.times  # the engine's own first/last token times and token count
             if (times is not None and times.first_token is not None and times.last_token is not None
                     and out.num_output_tokens > 1):
                 per_token = (times.last_token - times.first_token) / (out.num_output_tokens - 1)
-            self.metrics.observe_finished(out.finish_reason, time.monotonic() - seq.arrival, per_token)
+            self._finished[out.finish_reason] += 1
+            self.metrics.observe_finished(time.monotonic() - seq.arrival, per_token)
             # benchmarks/robustness.py reads these lines
             if _TRACE_CANCELS and out.finish_reason == "cancelled" and times is not None:
                 print(f"inflight-trace: cancelled: prompt {out.num_input_tokens} tokens, ended at {times.finished:.6f}",
