@@ -8,9 +8,10 @@
 `--prefill QxC`: one sequence whose last Q of C context tokens are new queries (a prompt chunk; Q = C is a whole
 prompt), causal; beside the reference it times torch's own fused attention (`scaled_dot_product_attention` on
 K/V gathered from the blocks, with the causal mask) as the peer a hand-written kernel should reach.
-`--shape 32 8 128 --calls 20 --baseline-lib OLD.so` (decode tables): the model's heads, back-to-back calls per
-timing (on a GPU the kernel's time, not the launch's), and an older build of the kernel library timed beside
-this one in the same run (benchmarks/gpu_check.sh builds the parent commit's CUDA kernel that way).
+`--shape 32 8 128 --calls 20 --baseline-lib OLD.so`: the model's heads, back-to-back calls per timing (decode
+tables; on a GPU the kernel's time, not the launch's), and an older build of the kernel library timed beside
+this one in the same run (benchmarks/gpu_check.sh builds the parent commit's CUDA kernel that way). `--shape`
+and `--baseline-lib` apply to `--prefill` too (`--shape 16 4 64`: the large bench model's heads).
 `--layers N` (decode tables): N caches, one a layer, each timing one call per layer in turn, so every call reads
 its K and V from memory as in a model's step (the caches together larger than the last-level cache), against the
 read bandwidth (a large tensor's sum) as well as the copy bandwidth.
@@ -61,10 +62,11 @@ def decode_batch(batch: int, context: int, seed: int = 0, device: str = "cpu", d
     return q, k_cache, v_cache, meta
 
 
-def prefill_chunk(num_queries: int, context: int, seed: int = 0, device: str = "cpu", dtype=torch.float32):
+def prefill_chunk(num_queries: int, context: int, seed: int = 0, device: str = "cpu", dtype=torch.float32,
+                  heads: int = HEADS, kv_heads: int = KV_HEADS, head_size: int = HEAD_SIZE):
     """One sequence: `num_queries` new tokens at the end of a `context`-token context, blocks shuffled."""
-    q, k_cache, v_cache, meta = decode_batch(1, context, seed, device, dtype)
-    q = torch.randn(num_queries, HEADS, HEAD_SIZE, device=device, dtype=dtype)
+    q, k_cache, v_cache, meta = decode_batch(1, context, seed, device, dtype, heads, kv_heads, head_size)
+    q = torch.randn(num_queries, heads, head_size, device=device, dtype=dtype)
     meta.query_start_loc, meta.decode_only = [0, num_queries], False
     meta.query_start_loc_tensor = torch.tensor([0, num_queries], dtype=torch.int32, device=device)
     return q, k_cache, v_cache, meta
@@ -104,21 +106,32 @@ def fused_sdpa(q, k_cache, v_cache, meta, scale):
     return out.transpose(0, 1)
 
 
-def prefill_table(native, reference, specs: list[str], repeat: int, device: str, dtype) -> None:
+def prefill_table(native, reference, specs: list[str], repeat: int, device: str, dtype,
+                  shape: tuple[int, int, int] = (HEADS, KV_HEADS, HEAD_SIZE), baseline=None) -> None:
+    """One row per QxC spec; with `baseline` (another build of the library) its time and native / baseline,
+    the two timed alternately."""
+    heads, kv_heads, head_size = shape
+    extra = ("baseline (ms) | native / baseline | ", "---:|---:|") if baseline else ("", "")
     print("| queries | context | torch ref (ms) | torch SDPA (ms) | native (ms) | native GFLOP/s | "
-          "ref / native | SDPA / native |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    scale = HEAD_SIZE ** -0.5
+          f"{extra[0]}ref / native | SDPA / native |")
+    print(f"|---:|---:|---:|---:|---:|---:|{extra[1]}---:|---:|")
+    scale = head_size ** -0.5
     for spec in specs:
         num_queries, context = (int(x) for x in spec.lower().split("x"))
-        q, k_cache, v_cache, meta = prefill_chunk(num_queries, context, device=device, dtype=dtype)
+        q, k_cache, v_cache, meta = prefill_chunk(num_queries, context, device=device, dtype=dtype, heads=heads,
+                                                  kv_heads=kv_heads, head_size=head_size)
         t_ref = seconds(lambda: reference.forward(q, k_cache, v_cache, meta, scale), repeat)
         t_sdpa = seconds(lambda: fused_sdpa(q, k_cache, v_cache, meta, scale), repeat)
-        t_nat = seconds(lambda: native.forward(q, k_cache, v_cache, meta, scale), repeat)
+        t_nat, t_base = float("inf"), float("inf")
+        for _ in range(repeat):  # alternating, so a slow phase of the machine hits both builds
+            t_nat = min(t_nat, seconds(lambda: native.forward(q, k_cache, v_cache, meta, scale), 1))
+            if baseline:
+                t_base = min(t_base, seconds(lambda: baseline.forward(q, k_cache, v_cache, meta, scale), 1))
         keys_seen = num_queries * (context - num_queries) + num_queries * (num_queries + 1) / 2
-        flops = 4 * HEADS * HEAD_SIZE * keys_seen  # QK^T and PV, multiply-add = 2
+        flops = 4 * heads * head_size * keys_seen  # QK^T and PV, multiply-add = 2
+        side = f"{t_base * 1e3:.2f} | {t_nat / t_base:.2f} | " if baseline else ""
         print(f"| {num_queries} | {context} | {t_ref * 1e3:.2f} | {t_sdpa * 1e3:.2f} | {t_nat * 1e3:.2f} | "
-              f"{flops / t_nat / 1e9:.0f} | {t_ref / t_nat:.2f} | {t_sdpa / t_nat:.2f} |")
+              f"{flops / t_nat / 1e9:.0f} | {side}{t_ref / t_nat:.2f} | {t_sdpa / t_nat:.2f} |")
 
 
 def seconds(fn, repeat: int, calls: int = 1) -> float:
@@ -159,14 +172,15 @@ def main() -> None:
     parser.add_argument("--prefill", nargs="+", metavar="QxC", help="time prompt chunks instead of decode")
     parser.add_argument("--mixed", nargs="+", metavar="QxC+B", help="time a prompt chunk beside B decodes")
     parser.add_argument("--shape", type=int, nargs=3, metavar=("HEADS", "KV_HEADS", "HEAD_SIZE"),
-                        default=[HEADS, KV_HEADS, HEAD_SIZE], help="decode tables: e.g. 32 8 128 (Llama 3 8B)")
+                        default=[HEADS, KV_HEADS, HEAD_SIZE],
+                        help="decode and prefill tables: e.g. 32 8 128 (Llama 3 8B)")
     parser.add_argument("--calls", type=int, default=1,
                         help="decode tables: back-to-back calls per timing (on a GPU, 20 or so hide the launch)")
     parser.add_argument("--layers", type=int, default=1,
                         help="decode tables: one cache a layer, each timing one call per layer (cold caches)")
     parser.add_argument("--baseline-lib", type=Path, metavar="SO",
-                        help="decode tables: another build of the kernel library (an older commit's), timed "
-                             "beside this one in the same run")
+                        help="decode and prefill tables: another build of the kernel library (an older "
+                             "commit's), timed beside this one in the same run")
     args = parser.parse_args()
     lib = load_library(args.device)
     if lib is None:
@@ -177,10 +191,12 @@ def main() -> None:
     dtype = DTYPES[args.dtype]
     native, reference = NativePagedAttention(lib, args.device), TorchPagedAttention()
     if args.prefill or args.mixed:
+        heads, kv_heads, head_size = args.shape if args.prefill else (HEADS, KV_HEADS, HEAD_SIZE)
         print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {args.dtype}, "
-              f"{HEADS} heads / {KV_HEADS} KV heads, head size {HEAD_SIZE}")
+              f"{heads} heads / {kv_heads} KV heads, head size {head_size}")
         if args.prefill:
-            return prefill_table(native, reference, args.prefill, args.repeat, args.device, dtype)
+            return prefill_table(native, reference, args.prefill, args.repeat, args.device, dtype,
+                                 (heads, kv_heads, head_size), baseline)
         return mixed_table(native, args.mixed, args.repeat, args.device, dtype)
     bandwidth = copy_bandwidth(device=args.device)
     reads = read_bandwidth(device=args.device) if args.layers > 1 else None

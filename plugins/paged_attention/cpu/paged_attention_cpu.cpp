@@ -212,6 +212,41 @@ constexpr int kMinTiledRows = 8;  // smaller blocks (decode: one query, its grou
 
 
 // scores[g][i] = q[g] . k_i for all rows g and the kChunk keys of kt (D x kChunk, keys beyond the chunk zero).
+#if defined(__AVX512F__)
+// R rows at a time, their R x kChunk sums in R x 4 vector registers: each kt row, loaded once as 4 vectors,
+// feeds 4R independent FMAs. (Written with intrinsics: the portable loop below kept its sums on the stack, a
+// load and a store around every FMA.)
+template <int R>
+PA_WIDE inline void score_rows(const float* __restrict q, const float* __restrict kt, int D,
+                               float* __restrict scores) {
+  static_assert(kChunk == 64, "four 16-wide vectors per row of scores");
+  __m512 s[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) s[r][j] = _mm512_setzero_ps();
+  for (int d = 0; d < D; ++d) {
+    const float* kd = kt + d * kChunk;
+    const __m512 k0 = _mm512_loadu_ps(kd), k1 = _mm512_loadu_ps(kd + 16), k2 = _mm512_loadu_ps(kd + 32),
+                 k3 = _mm512_loadu_ps(kd + 48);
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(q[r * D + d]);
+      s[r][0] = _mm512_fmadd_ps(a, k0, s[r][0]);
+      s[r][1] = _mm512_fmadd_ps(a, k1, s[r][1]);
+      s[r][2] = _mm512_fmadd_ps(a, k2, s[r][2]);
+      s[r][3] = _mm512_fmadd_ps(a, k3, s[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(scores + r * kChunk + 16 * j, s[r][j]);
+}
+
+PA_WIDE void score_tile(const float* __restrict q, const float* __restrict kt, int rows, int D,
+                        float* __restrict scores) {
+  int g = 0;
+  for (; g + 6 <= rows; g += 6) score_rows<6>(q + g * D, kt, D, scores + g * kChunk);
+  for (; g + 2 <= rows; g += 2) score_rows<2>(q + g * D, kt, D, scores + g * kChunk);
+  if (g < rows) score_rows<1>(q + g * D, kt, D, scores + g * kChunk);
+}
+#else
 // Four rows at a time: each kt row loaded once feeds 4 x kChunk/16 independent FMA accumulators.
 PA_WIDE void score_tile(const float* __restrict q, const float* __restrict kt, int rows, int D,
                        float* __restrict scores) {
@@ -243,6 +278,124 @@ PA_WIDE void score_tile(const float* __restrict q, const float* __restrict kt, i
     std::memcpy(scores + g * kChunk, s, sizeof s);
   }
 }
+#endif
+
+// One row's chunk of scores s[0, n) -> e^(s - m_new), m_new = the larger of m and the chunk's largest score
+// (NaN scores passed over, as std::max(m, s) does); returns m_new and the chunk's sum in *sum. A row with no
+// key of its window seen yet (m_new = -inf) gets zeros.
+inline float softmax_chunk(float* s, int n, float m, float* sum) {
+  float m_new = m;  // a simd max: std::max_element is a scalar loop, half the cost of the scores
+#pragma omp simd reduction(max : m_new)
+  for (int i = 0; i < n; ++i) m_new = std::max(m_new, s[i]);
+  float total = 0.f;
+  if (m_new == -std::numeric_limits<float>::infinity()) {
+    std::fill(s, s + n, 0.f);
+  } else {
+#pragma omp simd reduction(+ : total)
+    for (int i = 0; i < n; ++i) {
+      s[i] = exp_neg(s[i] - m_new);
+      total += s[i];
+    }
+  }
+  *sum = total;
+  return m_new;
+}
+
+#if defined(__AVX512F__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on the intrinsics' own undefined passthroughs
+// exp_neg over 16 lanes, the same clamp and polynomial (fast_exp.h), so a lane gets what the scalar call gives.
+PA_WIDE inline __m512 exp_neg16(__m512 x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_GT_OQ);
+  const __m512 y = _mm512_mul_ps(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f)),
+                                 _mm512_set1_ps(1.44269504088896341f));
+  const __m512 whole = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(y, whole);
+  __m512 r = _mm512_set1_ps(1.53552577e-4f);
+  r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(1.33988708e-3f));
+  r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(9.61808753e-3f));
+  r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(5.55034615e-2f));
+  r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(2.40226486e-1f));
+  r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(6.93147182e-1f));
+  r = _mm512_fmadd_ps(r, f, _mm512_set1_ps(1.f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(whole), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(live, r, _mm512_castsi512_ps(bits));
+}
+
+// In vectors, the maximum and the sum each reduced as a tree (the vectoriser's own reductions ended in a scalar
+// loop over the chunk, and in 16 dependent scalar adds: together as long as scoring the chunk).
+PA_WIDE inline float softmax_chunk16(float* s, int n, float m, float* sum) {
+  static_assert(kChunk == 64, "four 16-wide vectors per row of scores");
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 v[4], top = _mm512_set1_ps(m);
+  for (int j = 0; j < 4; ++j) {
+    const int left = n - 16 * j;
+    const __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+    v[j] = _mm512_mask_loadu_ps(ninf, mask, s + 16 * j);
+    top = _mm512_max_ps(v[j], top);  // a NaN in v gives top's lane
+  }
+  const float m_new = _mm512_reduce_max_ps(top);
+  if (m_new == -std::numeric_limits<float>::infinity()) {
+    std::fill(s, s + n, 0.f);
+    *sum = 0.f;
+    return m_new;
+  }
+  const __m512 mv = _mm512_set1_ps(m_new);
+  __m512 total = _mm512_setzero_ps();
+  for (int j = 0; j < 4; ++j) {  // lanes past n: e^-inf = 0, stored in the row's unused slots
+    const __m512 e = exp_neg16(_mm512_sub_ps(v[j], mv));
+    _mm512_storeu_ps(s + 16 * j, e);
+    total = _mm512_add_ps(total, e);
+  }
+  *sum = _mm512_reduce_add_ps(total);
+  return m_new;
+}
+
+// kt (D x kChunk) = the chunk's n key rows transposed, keys past n zero: 16 x 16 blocks transposed in registers.
+inline void transpose16(__m512* r) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {  // pairs of rows interleaved
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // then pairs of pairs: per 128-bit lane, four rows' values of one column
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]),
+                  c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int i = 0; i < 4; ++i) {  // then the 128-bit lanes of four rows' groups gathered
+    t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88);
+    t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xdd);
+    t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
+    t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+    r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
+    r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xdd);
+  }
+}
+
+inline bool transpose_keys(const float* const* krows, int n, int D, float* kt) {
+  if (D % 16) return false;
+  for (int i0 = 0; i0 < kChunk; i0 += 16)
+    for (int d0 = 0; d0 < D; d0 += 16) {
+      __m512 r[16];
+      for (int j = 0; j < 16; ++j) r[j] = i0 + j < n ? _mm512_loadu_ps(krows[i0 + j] + d0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int c = 0; c < 16; ++c) _mm512_storeu_ps(kt + (d0 + c) * kChunk + i0, r[c]);
+    }
+  return true;
+}
+#pragma GCC diagnostic pop
+#else
+inline float softmax_chunk16(float* s, int n, float m, float* sum) { return softmax_chunk(s, n, m, sum); }
+inline bool transpose_keys(const float* const*, int, int, float*) { return false; }
+#endif
+inline bool transpose_keys(const bf16* const*, int, int, float*) { return false; }
 
 // acc[g] += sum_i scores[g][i] * v_i for head size D, R rows per pass so the R x D accumulator stays in
 // registers while every V row is loaded once per pass.
@@ -288,11 +441,12 @@ struct Scratch {  // per-thread buffers, allocated once per call
 // With heads > 1 (one decode token, untiled) the rows are `heads` KV heads' query groups, k's head first: each
 // chunk of keys is scored and summed for every head before the next, so a token's K and V rows, adjacent in the
 // cache, are read in one pass from memory instead of one strided pass per head.
-template <typename T>
+// `tiled` (heads == 1, rows >= kMinTiledRows: a prompt's query block) scores chunks as register tiles; a
+// compile-time choice, so the decode path's code is not compiled around the tiles' (1.15-1.25x slower decodes).
+template <bool tiled, typename T>
 void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T>& k, const Seq<T>& v,
             int num_keys, Scratch& w, T* out, int64_t out_token_stride, int64_t out_head_stride) {
   const int D = p.head_size, group = rows, per_head = rows / heads;
-  const bool tiled = heads == 1 && rows >= kMinTiledRows;
   const float* q = w.q.data();
   const int *first = w.first.data(), *limit = w.limit.data();
   const int start = first[0];
@@ -305,14 +459,16 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
   for (int k0 = start; k0 < num_keys; k0 += kChunk) {
     const int n = std::min(kChunk, num_keys - k0);
     v.rows(k0, n, vrows);
-    if (tiled) {
+    if constexpr (tiled) {
       float* kt = w.kt.data();
-      for (int i = 0; i < n; ++i) {
-        const float* krow = as_floats(krows[i], buf, D);
-        for (int d = 0; d < D; ++d) kt[d * kChunk + i] = krow[d];
+      if (!transpose_keys(krows, n, D, kt)) {
+        for (int i = 0; i < n; ++i) {
+          const float* krow = as_floats(krows[i], buf, D);
+          for (int d = 0; d < D; ++d) kt[d * kChunk + i] = krow[d];
+        }
+        if (n < kChunk)
+          for (int d = 0; d < D; ++d) std::fill(kt + d * kChunk + n, kt + (d + 1) * kChunk, 0.f);
       }
-      if (n < kChunk)
-        for (int d = 0; d < D; ++d) std::fill(kt + d * kChunk + n, kt + (d + 1) * kChunk, 0.f);
       score_tile(q, kt, group, D, scores);
     } else {
       for (int h = 0; h < heads; ++h) {
@@ -337,21 +493,11 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
         for (int i = 0, e = std::min(n, first[g] - k0); i < e; ++i)
           scores[g * kChunk + i] = -std::numeric_limits<float>::infinity();
     for (int g = 0; g < group; ++g) {
-      float* s = scores + g * kChunk;
-      float m_new = m[g];  // a simd max: std::max_element is a scalar loop, half the cost of the scores
-#pragma omp simd reduction(max : m_new)
-      for (int i = 0; i < n; ++i) m_new = std::max(m_new, s[i]);
-      if (m_new == -std::numeric_limits<float>::infinity()) {  // no key of this row's window seen yet
-        std::fill(s, s + n, 0.f);
-        continue;
-      }
+      float sum;
+      const float m_new = tiled ? softmax_chunk16(scores + g * kChunk, n, m[g], &sum)
+                                : softmax_chunk(scores + g * kChunk, n, m[g], &sum);
+      if (m_new == -std::numeric_limits<float>::infinity()) continue;  // no key of this row's window seen yet
       const float alpha = std::exp(m[g] - m_new);  // 0 on the first chunk (m = -inf)
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int i = 0; i < n; ++i) {
-        s[i] = exp_neg(s[i] - m_new);
-        sum += s[i];
-      }
       l[g] = l[g] * alpha + sum;
       m[g] = m_new;
       float* a = acc + g * D;
@@ -454,9 +600,13 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
             w.first[r] = p.sliding_window > 0 ? std::max(0, w.limit[r] - p.sliding_window) : 0;
           }
         }
-        attend(p, nq * group * together, group * together, together, k, v, len - num_q + j0 + nq, w,
-               out + (q0 + j0) * p.out_stride_token + int64_t(h * group) * p.out_stride_head, p.out_stride_token,
-               p.out_stride_head);
+        const int rows = nq * group * together;
+        T* dst = out + (q0 + j0) * p.out_stride_token + int64_t(h * group) * p.out_stride_head;
+        if (together == 1 && rows >= kMinTiledRows)
+          attend<true>(p, rows, group, 1, k, v, len - num_q + j0 + nq, w, dst, p.out_stride_token, p.out_stride_head);
+        else
+          attend<false>(p, rows, group * together, together, k, v, len - num_q + j0 + nq, w, dst, p.out_stride_token,
+                        p.out_stride_head);
       }
     }
   }
