@@ -181,3 +181,25 @@ def test_attention_benchmark_cold_mode_attends_over_each_layer_cache_in_turn():
     for _ in range(7):
         call()
     assert seen == [caches[i % 3] for i in range(7)]
+
+
+def test_attention_prefill_table_runs_the_given_heads_beside_a_baseline(capsys):
+    from benchmarks.attention import prefill_table
+    from inflight_backend.attention import NativePagedAttention, TorchPagedAttention, load_library
+    import torch
+
+    lib = load_library("cpu")
+    if lib is None:
+        pytest.fail("build/lib/libinflight_pa_cpu.so is missing: run `make native`")
+    native, shapes = NativePagedAttention(lib, "cpu"), []
+
+    class Baseline:  # records what it is asked, answers as the native kernel
+        def forward(self, q, k_cache, v_cache, meta, scale):
+            shapes.append((tuple(q.shape), tuple(k_cache.shape[2:])))
+            return native.forward(q, k_cache, v_cache, meta, scale)
+
+    prefill_table(native, TorchPagedAttention(), ["8x24"], 2, "cpu", torch.float32, (16, 4, 64), Baseline())
+    header, _, row = capsys.readouterr().out.strip().splitlines()
+    assert "baseline (ms) | native / baseline" in header
+    assert len(row.strip("|").split("|")) == len(header.strip("|").split("|")) == 10
+    assert shapes and set(shapes) == {((8, 16, 64), (4, 64))}  # 8 queries of 16 heads over 4 KV heads
