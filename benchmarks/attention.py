@@ -162,6 +162,45 @@ def read_bandwidth(num_bytes: int = 512 << 20, repeat: int = 9, device: str = "c
     return num_bytes / seconds(x.sum, repeat)
 
 
+def decode_table(native, reference, args, dtype, baseline=None) -> None:
+    """One row per (batch, context) of --batches x --contexts: a decode step's call, with --shape, --calls,
+    --layers (cold caches, against the read bandwidth) and `baseline` (another build of the library) as asked."""
+    bandwidth = copy_bandwidth(device=args.device)
+    reads = read_bandwidth(device=args.device) if args.layers > 1 else None
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    heads, kv_heads, head_size = args.shape
+    print(f"torch {torch.__version__}, {where}, {args.dtype}, {heads} heads / {kv_heads} KV heads, head size "
+          f"{head_size}, {args.calls} call(s) a timing; copy bandwidth {bandwidth / 1e9:.1f} GB/s"
+          + ("" if reads is None else f"; {args.layers} layers, a call each, cold caches: read bandwidth "
+                                      f"{reads / 1e9:.1f} GB/s"))
+    extra = ("| baseline (ms) | native / baseline ", "---:|") if baseline else ("", "")
+    cold = ("| read floor (ms) | native / read floor ", "---:|---:|") if reads else ("", "")
+    print(f"| batch | context | torch ref (ms) | native (ms) {extra[0]}| speed-up | KV bytes | floor (ms) | "
+          f"native / floor {cold[0]}|")
+    print(f"|---:|---:|---:|---:|{extra[1] * 2 if baseline else ''}---:|---:|---:|---:|{cold[1]}")
+    scale = head_size ** -0.5
+    for batch in args.batches:
+        for context in args.contexts:
+            q, k_cache, v_cache, meta = decode_batch(batch, context, device=args.device, dtype=dtype, heads=heads,
+                                                     kv_heads=kv_heads, head_size=head_size)
+            caches = [(k_cache, v_cache)] + [decode_batch(batch, context, seed=layer, device=args.device, dtype=dtype,
+                                                          heads=heads, kv_heads=kv_heads, head_size=head_size)[1:3]
+                                             for layer in range(1, args.layers)]
+            t_ref = seconds(lambda: reference.forward(q, k_cache, v_cache, meta, scale), args.repeat)
+            t_nat = seconds(_each_layer(native, q, caches, meta, scale), args.repeat, args.calls * args.layers)
+            side = ""
+            if baseline:
+                t_base = seconds(_each_layer(baseline, q, caches, meta, scale), args.repeat,
+                                 args.calls * args.layers)
+                side = f"{t_base * 1e3:.3f} | {t_nat / t_base:.2f} | "
+            kv_bytes = 2 * batch * context * kv_heads * head_size * k_cache.element_size()
+            floor = kv_bytes / bandwidth
+            read_floor = "" if reads is None else f" {kv_bytes / reads * 1e3:.3f} | {t_nat * reads / kv_bytes:.2f} |"
+            print(f"| {batch} | {context} | {t_ref * 1e3:.3f} | {t_nat * 1e3:.3f} | {side}{t_ref / t_nat:.1f}x | "
+                  f"{kv_bytes / 1e6:.1f} MB | {floor * 1e3:.3f} | {t_nat / floor:.2f} |{read_floor}")
+            del caches
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
@@ -198,40 +237,7 @@ def main() -> None:
             return prefill_table(native, reference, args.prefill, args.repeat, args.device, dtype,
                                  (heads, kv_heads, head_size), baseline)
         return mixed_table(native, args.mixed, args.repeat, args.device, dtype)
-    bandwidth = copy_bandwidth(device=args.device)
-    reads = read_bandwidth(device=args.device) if args.layers > 1 else None
-    where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} CPU threads"
-    heads, kv_heads, head_size = args.shape
-    print(f"torch {torch.__version__}, {where}, {args.dtype}, {heads} heads / {kv_heads} KV heads, head size "
-          f"{head_size}, {args.calls} call(s) a timing; copy bandwidth {bandwidth / 1e9:.1f} GB/s"
-          + ("" if reads is None else f"; {args.layers} layers, a call each, cold caches: read bandwidth "
-                                      f"{reads / 1e9:.1f} GB/s"))
-    extra = ("| baseline (ms) | native / baseline ", "---:|") if baseline else ("", "")
-    cold = ("| read floor (ms) | native / read floor ", "---:|---:|") if reads else ("", "")
-    print(f"| batch | context | torch ref (ms) | native (ms) {extra[0]}| speed-up | KV bytes | floor (ms) | "
-          f"native / floor {cold[0]}|")
-    print(f"|---:|---:|---:|---:|{extra[1] * 2 if baseline else ''}---:|---:|---:|---:|{cold[1]}")
-    scale = head_size ** -0.5
-    for batch in args.batches:
-        for context in args.contexts:
-            q, k_cache, v_cache, meta = decode_batch(batch, context, device=args.device, dtype=dtype, heads=heads,
-                                                     kv_heads=kv_heads, head_size=head_size)
-            caches = [(k_cache, v_cache)] + [decode_batch(batch, context, seed=layer, device=args.device, dtype=dtype,
-                                                          heads=heads, kv_heads=kv_heads, head_size=head_size)[1:3]
-                                             for layer in range(1, args.layers)]
-            t_ref = seconds(lambda: reference.forward(q, k_cache, v_cache, meta, scale), args.repeat)
-            t_nat = seconds(_each_layer(native, q, caches, meta, scale), args.repeat, args.calls * args.layers)
-            side = ""
-            if baseline:
-                t_base = seconds(_each_layer(baseline, q, caches, meta, scale), args.repeat,
-                                 args.calls * args.layers)
-                side = f"{t_base * 1e3:.3f} | {t_nat / t_base:.2f} | "
-            kv_bytes = 2 * batch * context * kv_heads * head_size * k_cache.element_size()
-            floor = kv_bytes / bandwidth
-            read_floor = "" if reads is None else f" {kv_bytes / reads * 1e3:.3f} | {t_nat * reads / kv_bytes:.2f} |"
-            print(f"| {batch} | {context} | {t_ref * 1e3:.3f} | {t_nat * 1e3:.3f} | {side}{t_ref / t_nat:.1f}x | "
-                  f"{kv_bytes / 1e6:.1f} MB | {floor * 1e3:.3f} | {t_nat / floor:.2f} |{read_floor}")
-            del caches
+    decode_table(native, reference, args, dtype, baseline)
 
 
 def _each_layer(kernel, q, caches, meta, scale):
