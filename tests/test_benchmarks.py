@@ -203,3 +203,51 @@ def test_attention_prefill_table_runs_the_given_heads_beside_a_baseline(capsys):
     assert "baseline (ms) | native / baseline" in header
     assert len(row.strip("|").split("|")) == len(header.strip("|").split("|")) == 10
     assert shapes and set(shapes) == {((8, 16, 64), (4, 64))}  # 8 queries of 16 heads over 4 KV heads
+
+
+def test_admission_order_benchmark_admits_the_longest_output_first_when_asked(tiny_model):
+    """benchmarks/admission_order.py compares first come first served with longest output first through request
+    priorities; one sequence at a time, each order shows in the order requests finish."""
+    from benchmarks.admission_order import run
+    from benchmarks.workload import WorkItem
+    from inflight_backend.config import EngineConfig
+    from inflight_backend.engine import InflightEngine
+
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, max_batch_size=1, max_num_tokens=64,
+                                         enable_kv_cache_reuse=False, priority_aging_s=1e6))
+    items = [WorkItem([256, 10 + i, 20], n) for i, n in enumerate([3, 9, 5, 7])]
+    fcfs = run(engine, items, longest_first=False, tag="a")
+    longest = run(engine, items, longest_first=True, tag="b")
+    assert fcfs["finished"] == [0, 1, 2, 3]
+    assert longest["finished"] == [1, 3, 2, 0]
+    assert fcfs["tokens"] == longest["tokens"] == 24
+    assert fcfs["steps"] == longest["steps"] == 24  # one sequence a step: a token each
+
+
+def test_thread_cpu_sampler_finds_each_thread_of_the_matching_process():
+    """benchmarks/thread_cpu.py counts CPU per thread of the processes whose command line matches, and not its
+    own process (whose arguments hold the same strings)."""
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.thread_cpu import threads
+
+    marker = "thread-cpu-test-marker"
+    busy = ("import sys, threading, time\n"
+            "def spin():\n    end = time.time() + 30\n    while time.time() < end: pass\n"
+            "threading.Thread(target=spin, daemon=True).start()\nsys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", busy, marker], stdin=subprocess.PIPE)
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            found = {key: ticks for key, ticks in threads([marker]).items() if key[1] == child.pid}
+            if len(found) >= 2 and max(found.values()) > 0:
+                break
+            time.sleep(0.1)
+        assert len(found) >= 2 and max(found.values()) > 0  # the main thread and the spinning one
+        assert all(label == marker for label, _, _ in found)
+        assert not any(pid != child.pid for _, pid, _ in threads([marker]))
+    finally:
+        child.kill()
+        child.wait()
