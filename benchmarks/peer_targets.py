@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks import proc_stat
 from benchmarks.targets import Submitter, new_records
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -215,9 +216,7 @@ class LlamaCppTarget(_HTTPServerTarget):
 
 def _cpu(pid: int) -> float:
     """CPU seconds so far of a process and all its descendants (vLLM runs its engine in a child process)."""
-    from benchmarks.targets import _pids, _proc_stat
-
-    stats = {p: _proc_stat(p) for p in _pids()}
+    stats = {p: proc_stat.stat(p) for p in proc_stat.pids()}
     family, total, grew = {pid}, 0.0, True
     while grew:
         grew = False
@@ -226,5 +225,5 @@ def _cpu(pid: int) -> float:
                 family.add(p)
                 grew = True
     for p in family:
-        total += stats.get(p, _proc_stat(p))[1]
+        total += stats.get(p, proc_stat.stat(p))[1]
     return total

@@ -13,13 +13,13 @@ dict of extra metrics.
 from __future__ import annotations
 
 import copy
-import os
 import threading
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks import proc_stat
 from benchmarks.records import RequestRecord
 from benchmarks.workload import WorkItem
 from inflight_backend import gc_tuning
@@ -242,8 +242,8 @@ class TritonTarget:
 def server_cpu(server) -> dict[str, float]:
     """CPU seconds (user + system) so far of a TritonServer's tritonserver and of its stub processes."""
     pid = server.process.pid
-    stubs = [stat for stat in map(_proc_stat, _pids()) if stat[0] == pid]
-    return {"tritonserver": _proc_stat(pid)[1], "stub": sum(cpu for _, cpu in stubs)}
+    stubs = [stat for stat in map(proc_stat.stat, proc_stat.pids()) if stat[0] == pid]
+    return {"tritonserver": proc_stat.stat(pid)[1], "stub": sum(cpu for _, cpu in stubs)}
 
 
 def _stream_inputs(prompt_ids: list[int], n: int, forced: bool) -> list:
@@ -263,19 +263,6 @@ def grpc_input(name: str, array, kind: str):
     t = grpcclient.InferInput(name, list(array.shape), kind)
     t.set_data_from_numpy(array)
     return t
-
-
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _proc_stat(pid: int) -> tuple[int, float]:
-    """(parent pid, CPU seconds: user + system) of a process from /proc; (0, 0.0) once it has gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return 0, 0.0
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class HFStaticTarget:

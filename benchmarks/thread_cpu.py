@@ -14,35 +14,29 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
-TICKS = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import proc_stat  # noqa: E402
 
 
-def threads(match: list[str]) -> dict[tuple[str, int, int], int]:
-    """{(process label, pid, tid): CPU ticks so far (user + system)} of every matching process's threads."""
+def threads(match: list[str]) -> dict[tuple[str, int, int], float]:
+    """{(process label, pid, tid): CPU seconds so far (user + system)} of every matching process's threads."""
     found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():  # (this process's own arguments match)
+    for pid in proc_stat.pids():
+        if pid == os.getpid():  # (this process's own arguments match)
             continue
         try:
-            words = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
         except OSError:
             continue
         label = next((m for m in match if any(m in word for word in words)), None)
-        if label is None:
-            continue
-        try:
-            tids = os.listdir(f"/proc/{entry}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                fields = Path(f"/proc/{entry}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            found[(label, int(entry), int(tid))] = int(fields[11]) + int(fields[12])
+        if label is not None:
+            found.update({(label, pid, tid): proc_stat.stat(pid, tid)[1] for tid in tids})
     return found
 
 
@@ -57,19 +51,18 @@ def main() -> None:
     while time.monotonic() - start < args.seconds:
         time.sleep(1.0)
         now = threads(args.match)
-        used = {key: ticks - before.get(key, 0) for key, ticks in now.items() if ticks > before.get(key, 0)}
+        used = {key: cpu - before.get(key, 0.0) for key, cpu in now.items() if cpu > before.get(key, 0.0)}
         before = now
         if not used:
             continue
-        per_process: dict[str, int] = {}
-        for (label, pid, _), ticks in used.items():
-            per_process[f"{label} {pid}"] = per_process.get(f"{label} {pid}", 0) + ticks
+        per_process: dict[str, float] = {}
+        for (label, pid, _), seconds in used.items():
+            per_process[f"{label} {pid}"] = per_process.get(f"{label} {pid}", 0.0) + seconds
         busiest = sorted(used.items(), key=lambda kv: -kv[1])[:args.top]
-        scale = 100 / TICKS
         print(f"{time.monotonic() - start:6.1f} s  processes: "
-              + ", ".join(f"{name} {ticks * scale:.0f}" for name, ticks in sorted(per_process.items()))
-              + "  |  threads: " + ", ".join(f"{label}/{tid} {ticks * scale:.0f}"
-                                            for (label, _, tid), ticks in busiest), flush=True)
+              + ", ".join(f"{name} {100 * seconds:.0f}" for name, seconds in sorted(per_process.items()))
+              + "  |  threads: " + ", ".join(f"{label}/{tid} {100 * seconds:.0f}"
+                                            for (label, _, tid), seconds in busiest), flush=True)
 
 
 if __name__ == "__main__":
