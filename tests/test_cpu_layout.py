@@ -32,6 +32,22 @@ def test_packed_linear_equals_linear(lib, bias, rows, in_features, out_features)
     torch.testing.assert_close(PackedLinear(linear, lib)(x), linear(x), atol=1e-5, rtol=1e-5)
 
 
+# 14 column tiles shared out over 1, 2, 3 and 5 OpenMP threads (more threads than cores: some are preempted
+# and the others claim their tiles, plugins/common/include/claimed_ranges.h): every tile is computed.
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_packed_linear_is_the_same_for_any_thread_count(lib, threads):
+    torch.manual_seed(threads)
+    linear = nn.Linear(40, 64 * 13 + 5)
+    x = torch.randn(7, 40)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = PackedLinear(linear, lib)(x)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out, linear(x), atol=1e-5, rtol=1e-5)
+
+
 def test_packed_linear_takes_strided_rows_and_3d_inputs(lib):
     linear = nn.Linear(48, 70)
     wide = torch.randn(9, 100)
