@@ -20,11 +20,11 @@ def lib():
 
 
 # Output widths cover full 64-column tiles, a partial last tile and a single partial tile; input widths one chunk
-# of the panel and several (the kernels walk 128 k rows at a time: 300 is 128 + 128 + 44); row counts cover every
-# remainder of the kernel's 6-row blocks and prefill sizes.
+# of the panel and several (the AVX2 walk takes 128 k rows at a time: 300 is 128 + 128 + 44; the AVX-512 walk
+# 1024: 2100 is 1024 + 1024 + 52); row counts cover every remainder of the kernel's 6-row blocks and prefill sizes.
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 32, 300])
-@pytest.mark.parametrize("in_features, out_features", [(96, 160), (64, 128), (37, 20), (300, 200)])
+@pytest.mark.parametrize("in_features, out_features", [(96, 160), (64, 128), (37, 20), (300, 200), (2100, 72)])
 def test_packed_linear_equals_linear(lib, bias, rows, in_features, out_features):
     torch.manual_seed(rows * 7 + in_features)
     linear = nn.Linear(in_features, out_features, bias=bias)
