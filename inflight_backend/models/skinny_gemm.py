@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -15,10 +16,11 @@ SG_OK = 0
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 
-@lru_cache(maxsize=1)
-def load_library() -> ctypes.CDLL | None:
-    """The kernel library, or None when it has not been built or was built without AVX-512 or AVX2+FMA."""
-    path = LIB_DIR / "libinflight_sgemm_cpu.so"
+@lru_cache(maxsize=2)
+def load_library(path: Path | None = None) -> ctypes.CDLL | None:
+    """The kernel library (`path`: another build of it, e.g. an older commit's, for benchmarks), or None when it
+    has not been built or was built without AVX-512 or AVX2+FMA."""
+    path = path or LIB_DIR / "libinflight_sgemm_cpu.so"
     if not path.exists():
         return None
     lib = ctypes.CDLL(str(path))
