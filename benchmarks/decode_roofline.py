@@ -8,7 +8,8 @@ Every decode step reads every weight except the embedding table (gathered, not s
 weight per sequence. The floor of a step is the larger of: those bytes over the read bandwidth measured here
 (a reduction over a tensor of the same size), and those FLOPs over the GEMM peak measured here (a 2048^3 matmul
 in the same dtype: the higher of torch's and, in float32, our packed skinny GEMM's). Steps are timed in-process
-(engine.step(): schedule + model + sample) with every sequence at a 64-token prompt; each figure is the best of
+(engine.step(): schedule + model + sample) with every sequence at a --context-token prompt (64 by default; the
+floor's bytes count the K and V a step reads at that context too); each figure is the best of
 --repeat runs of --steps steps.
 
 When the model runs its layers in one native call (models/decoder_stack.py), each batch is also timed through
@@ -67,7 +68,8 @@ def gemm_peak(dtype: torch.dtype, repeat: int) -> tuple[float, float | None]:
     return mkl, flops / min(_timed(lambda: skinny_gemm.gemm(lib, a, packed, 2048, None)) for _ in range(runs))
 
 
-def step_time(engine: InflightEngine, batch: int, steps: int, repeat: int, tag: str) -> tuple[float, float | None]:
+def step_time(engine: InflightEngine, batch: int, context: int, steps: int, repeat: int,
+              tag: str) -> tuple[float, float | None]:
     """The best step time over `repeat` runs of `steps` steps, and, when the model runs its layers in one native
     call (models/decoder_stack.py), the same through its modules, the two runs alternating."""
     model = engine.runner.model
@@ -76,7 +78,7 @@ def step_time(engine: InflightEngine, batch: int, steps: int, repeat: int, tag: 
     rng = random.Random(batch)
     total = steps * repeat * len(modes) + 8
     for i in range(batch):
-        engine.add_request(f"{tag}-{i}", [rng.randrange(3, engine.runner.vocab_size) for _ in range(64)],
+        engine.add_request(f"{tag}-{i}", [rng.randrange(3, engine.runner.vocab_size) for _ in range(context)],
                            SamplingParams(max_tokens=total, min_tokens=total))
     for _ in range(6):  # prefill, then warm decode steps
         engine.step()
@@ -100,7 +102,7 @@ def _decoder_stack(model, stack):
         model.decoder_stack = saved
 
 
-def profile(engine: InflightEngine, batch: int, steps: int, top: int = 14) -> str:
+def profile(engine: InflightEngine, batch: int, context: int, steps: int, top: int = 14) -> str:
     """A markdown table: the operators taking the most of `steps` decode steps at `batch`, per step."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -108,7 +110,7 @@ def profile(engine: InflightEngine, batch: int, steps: int, top: int = 14) -> st
     rng = random.Random(batch)
     total = steps + 8
     for i in range(batch):
-        engine.add_request(f"p-{i}", [rng.randrange(3, engine.runner.vocab_size) for _ in range(64)],
+        engine.add_request(f"p-{i}", [rng.randrange(3, engine.runner.vocab_size) for _ in range(context)],
                            SamplingParams(max_tokens=total, min_tokens=total))
     for _ in range(6):
         engine.step()
@@ -172,12 +174,18 @@ def main(argv=None) -> None:
     parser.add_argument("--linear-backend", default="auto", choices=["auto", "native", "torch"])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--context", type=int, default=64, help="prompt tokens of every sequence")
     parser.add_argument("--profile", action="store_true", help="then break a step at the largest batch down")
     args = parser.parse_args(argv)
-    engine = InflightEngine(EngineConfig(checkpoint=args.checkpoint, dtype=args.dtype, max_batch_size=max(args.batches),
-                                         max_num_tokens=max(2048, 64 * max(args.batches)),
+    most = max(args.batches)
+    per_seq = args.context + args.steps * (2 * args.repeat + 1) + 16  # tokens a sequence reaches, and to spare
+    engine = InflightEngine(EngineConfig(checkpoint=args.checkpoint, dtype=args.dtype, max_batch_size=most,
+                                         max_num_tokens=max(2048, args.context * most),
+                                         num_kv_blocks=max(512, most * (per_seq // 16 + 1)),
                                          linear_backend=args.linear_backend))
     weights = streamed_bytes(engine)
+    cfg = engine.runner.model.config  # K and V of one token in every layer:
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * engine.runner.dtype.itemsize
     params = weights // engine.runner.dtype.itemsize
     bandwidth = read_bandwidth(weights, args.repeat)
     mkl, native = gemm_peak(engine.runner.dtype, args.repeat)
@@ -189,17 +197,17 @@ def main(argv=None) -> None:
     print("| batch | step (ms) | tokens/s | memory floor (ms) | compute floor (ms) | step / floor | GFLOP/s "
           "| through the modules (ms) | modules / one call |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for batch in args.batches:
-        t, modules = step_time(engine, batch, args.steps, args.repeat, f"b{batch}")
-        memory, compute = weights / bandwidth, 2 * params * batch / peak
+        t, modules = step_time(engine, batch, args.context, args.steps, args.repeat, f"b{batch}")
+        memory, compute = (weights + batch * args.context * kv_per_token) / bandwidth, 2 * params * batch / peak
         apart = "| - | - |" if modules is None else f"| {modules * 1e3:.2f} | {modules / t:.2f} |"
         print(f"| {batch} | {t * 1e3:.2f} | {batch / t:.0f} | {memory * 1e3:.2f} | {compute * 1e3:.2f} | "
               f"{t / max(memory, compute):.2f} | {2 * params * batch / t / 1e9:.0f} {apart}", flush=True)
     if args.profile:
-        print(profile(engine, max(args.batches), args.steps))
+        print(profile(engine, most, args.context, args.steps))
         if engine.runner.model.decoder_stack is not None:  # its kernels run inside one C call: the module
             with _decoder_stack(engine.runner.model, None):  # path shows them one by one
                 print("\nThe same through the modules (the same kernels, called from Python):")
-                print(profile(engine, max(args.batches), args.steps))
+                print(profile(engine, most, args.context, args.steps))
 
 
 if __name__ == "__main__":
