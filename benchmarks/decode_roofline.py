@@ -9,7 +9,7 @@ weight per sequence. The floor of a step is the larger of: those bytes over the 
 (a reduction over a tensor of the same size), and those FLOPs over the GEMM peak measured here (a 2048^3 matmul
 in the same dtype: the higher of torch's and, in float32, our packed skinny GEMM's). Steps are timed in-process
 (engine.step(): schedule + model + sample) with every sequence at a --context-token prompt (64 by default; the
-floor's bytes count the K and V a step reads at that context too); each figure is the best of
+floor's bytes count the K and V of that many tokens a sequence too); each figure is the best of
 --repeat runs of --steps steps.
 
 When the model runs its layers in one native call (models/decoder_stack.py), each batch is also timed through
