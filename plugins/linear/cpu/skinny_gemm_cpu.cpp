@@ -88,8 +88,9 @@ constexpr int kRows = 6;
 constexpr int64_t kSlab = 96;    // rows of x per pass over all tiles
 // k rows of a panel per pass: 1024 x SG_TILE floats = 256 KB, resident in L2. Each pass of a row block starts
 // its accumulators from y and ends storing them, and the next chunk is prefetched while this one is used: on the
-// Zen 4 EPYC (32 KB L1) 128-row chunks (32 KB, meant to stay in L1) ran 1.04-1.08x longer at 16-2,048 rows and
-// 1.05-1.10x at 4-8 rows from memory; 256 and 512 in between, 2,048 and 4,096 the same as 1,024.
+// Zen 4 EPYC (32 KB L1) 128-row chunks (32 KB, meant to stay in L1) ran 1.06-1.10x longer at 32-2,048 rows on the
+// large bench model's layers, 1.04-1.09x at 8 rows, within 5% at 1 row and for the LM head read from memory at
+// 1-8 rows (`benchmarks/skinny_gemm.py --baseline-lib`); 256 and 512 in between, 2,048 and 4,096 as 1,024.
 constexpr int64_t kChunk = 1024;
 
 // Rows [0, R) of x times the packed panel's k rows [k0, k0 + kc): accumulate into y (first chunk: start from
