@@ -71,8 +71,12 @@ using inflight::exp_neg;
 // A decode reads each key's K and V rows from memory once, and with the rows scattered over blocks the hardware
 // prefetcher does not run ahead of it: each row's lines were fetched as the loop reached them, ~10 GB/s a core
 // (a 2,048-key decode batch from memory: 2.1x the copy floor). Rows kAhead keys ahead are asked for while the
-// current ones are summed; the next chunk's first rows, a whole chunk ahead, into L2. (24: large-model heads, 8
-// layers' caches, new / old 0.78-0.83 at batch 8-32; 8, 16 and 32 keys ahead 0.86-0.93, 0.82-0.87, 0.82-0.88.)
+// current ones are summed (24: large-model heads, 8 layers' caches, new / old 0.78-0.83 at batch 8-32; 8, 16 and
+// 32 keys ahead 0.86-0.93, 0.82-0.87, 0.82-0.88). And the whole next chunk, every head's K and V rows, into L2
+// (`Ahead`), a few rows at every step of this chunk's passes, so the memory streams the whole time the arithmetic
+// runs: on the Zen 4 EPYC the loads had not overlapped it (time from memory about the sum of the time in cache and
+// of the read), and with the first 24 keys of the next chunk asked for at once at a chunk's start instead, decodes
+// from memory ran 1.3-1.5x longer at batch 4-32 x 2,048 keys and batch 32 x 512.
 constexpr int kAhead = 24;
 template <int level, typename T> inline void prefetch_rows(const T* const* rows, int n, int64_t offset, int D) {
   for (int i = 0; i < n; ++i) {
@@ -80,6 +84,13 @@ template <int level, typename T> inline void prefetch_rows(const T* const* rows,
     for (int b = 0; b < D * int(sizeof(T)); b += 64) __builtin_prefetch(row + b, 0, level);
   }
 }
+
+template <typename T>
+struct Ahead {  // the next chunk's rows (one KV head: `offset`), fetched into L2 a few at a time as this one is used
+  const T* const* rows = nullptr;
+  int n = 0;
+  int64_t offset = 0;
+};
 
 template <typename T>
 struct Seq {  // one sequence's view of the cache for one KV head
@@ -134,10 +145,12 @@ inline __m512 sum16(__m512* a) {
 // scores[g * kChunk + i] = q[g] . k_i for the n keys of a chunk, 16 keys per pass: each key's products are
 // summed across its D / 16 vectors in registers, then the 16 keys' vectors reduced together (sum16).
 // D is a multiple of 16; keys past n (a partial last pass) are not read.
-PA_WIDE void dots(const float* q, const float* const* krows, int n, int rows, int D, float* scores) {
+PA_WIDE void dots(const float* q, const float* const* krows, int n, int rows, int D, float* scores,
+                  Ahead<float> next = {}) {
   for (int i0 = 0; i0 < n; i0 += 16) {
     const int m = std::min(16, n - i0);
     if (i0 + kAhead < n) prefetch_rows<3>(krows + i0 + kAhead, std::min(16, n - i0 - kAhead), 0, D);
+    if (i0 < next.n) prefetch_rows<2>(next.rows + i0, std::min(16, next.n - i0), next.offset, D);
     for (int g = 0; g < rows; ++g) {
       const float* qg = q + g * D;
       __m512 acc[16];
@@ -165,10 +178,12 @@ inline __m256 sum8(const __m256* a) {
 
 // As the AVX-512 dots (D a multiple of 16), 8 keys per pass with 8-wide vectors; the last n % 8 keys through
 // dot(). Full passes only, so the accumulators stay in registers.
-inline void dots(const float* q, const float* const* krows, int n, int rows, int D, float* scores) {
+inline void dots(const float* q, const float* const* krows, int n, int rows, int D, float* scores,
+                 Ahead<float> next = {}) {
   int i0 = 0;
   for (; i0 + 8 <= n; i0 += 8) {
     if (i0 + kAhead < n) prefetch_rows<3>(krows + i0 + kAhead, std::min(8, n - i0 - kAhead), 0, D);
+    if (i0 < next.n) prefetch_rows<2>(next.rows + i0, std::min(8, next.n - i0), next.offset, D);
     for (int g = 0; g < rows; ++g) {
       const float* qg = q + g * D;
       __m256 acc[8];
@@ -185,7 +200,7 @@ inline void dots(const float* q, const float* const* krows, int n, int rows, int
 }
 #else
 constexpr bool kHaveDots = false;
-inline void dots(const float*, const float* const*, int, int, int, float*) {}
+inline void dots(const float*, const float* const*, int, int, int, float*, Ahead<float> = {}) {}
 #endif
 
 // acc[g] += sum_i scores[g][i] * v_i, head by head so one head's accumulator stays in registers.
@@ -419,13 +434,14 @@ inline bool transpose_keys(const bf16* const*, int, int, float*) { return false;
 // `ahead`: rows kAhead keys ahead are prefetched in the first pass (decodes: read from memory once).
 template <int D, int R, typename T>
 PA_WIDE void accumulate_tile(const T* const* vrows, int n, const float* scores, int rows, float* acc, float* buf,
-                             bool ahead) {
+                             bool ahead, Ahead<T> next = {}) {
   int g = 0;
   for (; g + R <= rows; g += R) {
     float a[R][D];
     std::memcpy(a, acc + g * D, sizeof a);
     for (int i = 0; i < n; ++i) {
       if (ahead && g == 0 && i + kAhead < n) prefetch_rows<3>(vrows + i + kAhead, 1, 0, D);
+      if (g == 0 && i < next.n) prefetch_rows<2>(next.rows + i, 1, next.offset, D);
       const float* __restrict v = as_floats(vrows[i], buf, D);
       float w[R];
       for (int r = 0; r < R; ++r) w[r] = scores[(g + r) * kChunk + i];
@@ -479,14 +495,19 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
   for (int k0 = start; k0 < num_keys; k0 += kChunk) {
     const int n = std::min(kChunk, num_keys - k0);
     v.rows(k0, n, vrows);
+    const T *knext[kChunk], *vnext[kChunk];
+    int nn = 0;  // the next chunk's keys (decodes: fetched into L2 as this chunk is used)
     if (!tiled && k0 + n < num_keys) {
-      const int ahead = std::min(kAhead, num_keys - k0 - n);
-      const T *knext[kAhead], *vnext[kAhead];
-      k.rows(k0 + n, ahead, knext);
-      v.rows(k0 + n, ahead, vnext);
+      nn = std::min(kChunk, num_keys - k0 - n);
+      k.rows(k0 + n, nn, knext);
+      v.rows(k0 + n, nn, vnext);
+      // Paths that do not pace those fetches (no vector dots; V rows not in register tiles) ask for the first
+      // kAhead keys' rows at once.
+      const bool paced_k = kHaveDots && std::is_same<T, float>::value && D % 16 == 0;
+      const bool paced_v = (D == 64 && per_head >= 4) || (D == 128 && per_head >= 2);
       for (int h = 0; h < heads; ++h) {
-        prefetch_rows<2>(knext, ahead, h * p.kv_stride_head, D);
-        prefetch_rows<2>(vnext, ahead, h * p.kv_stride_head, D);
+        if (!paced_k) prefetch_rows<2>(knext, std::min(kAhead, nn), h * p.kv_stride_head, D);
+        if (!paced_v) prefetch_rows<2>(vnext, std::min(kAhead, nn), h * p.kv_stride_head, D);
       }
     }
     if constexpr (tiled) {
@@ -505,7 +526,8 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
         const T** hk = h == 0 ? krows : w.head_rows(krows, n, h * p.kv_stride_head);
         const int g0 = h * per_head;
         if (kHaveDots && std::is_same<T, float>::value && D % 16 == 0) {
-          dots(q + g0 * D, reinterpret_cast<const float* const*>(hk), n, per_head, D, scores + g0 * kChunk);
+          dots(q + g0 * D, reinterpret_cast<const float* const*>(hk), n, per_head, D, scores + g0 * kChunk,
+               Ahead<float>{reinterpret_cast<const float* const*>(knext), nn, h * p.kv_stride_head});
         } else {
           for (int i = 0; i < n; ++i) {
             const float* krow = as_floats(hk[i], buf, D);
@@ -539,9 +561,9 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
       const float* hs = scores + h * per_head * kChunk;
       float* ha = acc + h * per_head * D;
       if (D == 64)
-        accumulate_tile<64, 4>(hv, n, hs, per_head, ha, buf, !tiled);
+        accumulate_tile<64, 4>(hv, n, hs, per_head, ha, buf, !tiled, Ahead<T>{vnext, nn, h * p.kv_stride_head});
       else if (D == 128)
-        accumulate_tile<128, 2>(hv, n, hs, per_head, ha, buf, !tiled);
+        accumulate_tile<128, 2>(hv, n, hs, per_head, ha, buf, !tiled, Ahead<T>{vnext, nn, h * p.kv_stride_head});
       else
         accumulate(hv, n, hs, per_head, D, ha, buf);
     }
