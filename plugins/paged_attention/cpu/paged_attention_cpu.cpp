@@ -492,22 +492,24 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
   std::fill(acc, acc + group * D, 0.f);
   const T *krows[kChunk], *vrows[kChunk];
   k.rows(start, std::min(kChunk, num_keys - start), krows);
+  v.rows(start, std::min(kChunk, num_keys - start), vrows);
   for (int k0 = start; k0 < num_keys; k0 += kChunk) {
     const int n = std::min(kChunk, num_keys - k0);
-    v.rows(k0, n, vrows);
+    // The next chunk's rows: decodes fetch them into L2 while this chunk is used; then they are this loop's next.
     const T *knext[kChunk], *vnext[kChunk];
-    int nn = 0;  // the next chunk's keys (decodes: fetched into L2 as this chunk is used)
-    if (!tiled && k0 + n < num_keys) {
-      nn = std::min(kChunk, num_keys - k0 - n);
+    const int nn = k0 + n < num_keys ? std::min(kChunk, num_keys - k0 - n) : 0, ahead = tiled ? 0 : nn;
+    if (nn > 0) {
       k.rows(k0 + n, nn, knext);
       v.rows(k0 + n, nn, vnext);
+    }
+    if (ahead > 0) {
       // Paths that do not pace those fetches (no vector dots; V rows not in register tiles) ask for the first
       // kAhead keys' rows at once.
       const bool paced_k = kHaveDots && std::is_same<T, float>::value && D % 16 == 0;
       const bool paced_v = (D == 64 && per_head >= 4) || (D == 128 && per_head >= 2);
       for (int h = 0; h < heads; ++h) {
-        if (!paced_k) prefetch_rows<2>(knext, std::min(kAhead, nn), h * p.kv_stride_head, D);
-        if (!paced_v) prefetch_rows<2>(vnext, std::min(kAhead, nn), h * p.kv_stride_head, D);
+        if (!paced_k) prefetch_rows<2>(knext, std::min(kAhead, ahead), h * p.kv_stride_head, D);
+        if (!paced_v) prefetch_rows<2>(vnext, std::min(kAhead, ahead), h * p.kv_stride_head, D);
       }
     }
     if constexpr (tiled) {
@@ -527,7 +529,7 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
         const int g0 = h * per_head;
         if (kHaveDots && std::is_same<T, float>::value && D % 16 == 0) {
           dots(q + g0 * D, reinterpret_cast<const float* const*>(hk), n, per_head, D, scores + g0 * kChunk,
-               Ahead<float>{reinterpret_cast<const float* const*>(knext), nn, h * p.kv_stride_head});
+               Ahead<float>{reinterpret_cast<const float* const*>(knext), ahead, h * p.kv_stride_head});
         } else {
           for (int i = 0; i < n; ++i) {
             const float* krow = as_floats(hk[i], buf, D);
@@ -561,13 +563,15 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
       const float* hs = scores + h * per_head * kChunk;
       float* ha = acc + h * per_head * D;
       if (D == 64)
-        accumulate_tile<64, 4>(hv, n, hs, per_head, ha, buf, !tiled, Ahead<T>{vnext, nn, h * p.kv_stride_head});
+        accumulate_tile<64, 4>(hv, n, hs, per_head, ha, buf, !tiled, Ahead<T>{vnext, ahead, h * p.kv_stride_head});
       else if (D == 128)
-        accumulate_tile<128, 2>(hv, n, hs, per_head, ha, buf, !tiled, Ahead<T>{vnext, nn, h * p.kv_stride_head});
+        accumulate_tile<128, 2>(hv, n, hs, per_head, ha, buf, !tiled,
+                                Ahead<T>{vnext, ahead, h * p.kv_stride_head});
       else
         accumulate(hv, n, hs, per_head, D, ha, buf);
     }
-    if (k0 + n < num_keys) k.rows(k0 + n, std::min(kChunk, num_keys - k0 - n), krows);
+    std::copy(knext, knext + nn, krows);
+    std::copy(vnext, vnext + nn, vrows);
   }
   for (int g = 0; g < group; ++g) {
     const float inv = 1.f / l[g];
