@@ -493,6 +493,10 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
   const T *krows[kChunk], *vrows[kChunk];
   k.rows(start, std::min(kChunk, num_keys - start), krows);
   v.rows(start, std::min(kChunk, num_keys - start), vrows);
+  // Scoring by vector dots and V sums in register tiles pace the next chunk's fetches (`Ahead`); the other paths
+  // ask for its first kAhead keys' rows at once.
+  const bool vector_dots = kHaveDots && std::is_same<T, float>::value && D % 16 == 0;
+  const bool v_tiles = (D == 64 && per_head >= 4) || (D == 128 && per_head >= 2);  // accumulate_tile's R rows
   for (int k0 = start; k0 < num_keys; k0 += kChunk) {
     const int n = std::min(kChunk, num_keys - k0);
     // The next chunk's rows: decodes fetch them into L2 while this chunk is used; then they are this loop's next.
@@ -502,16 +506,11 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
       k.rows(k0 + n, nn, knext);
       v.rows(k0 + n, nn, vnext);
     }
-    if (ahead > 0) {
-      // Paths that do not pace those fetches (no vector dots; V rows not in register tiles) ask for the first
-      // kAhead keys' rows at once.
-      const bool paced_k = kHaveDots && std::is_same<T, float>::value && D % 16 == 0;
-      const bool paced_v = (D == 64 && per_head >= 4) || (D == 128 && per_head >= 2);
+    if (ahead > 0 && !(vector_dots && v_tiles))
       for (int h = 0; h < heads; ++h) {
-        if (!paced_k) prefetch_rows<2>(knext, std::min(kAhead, ahead), h * p.kv_stride_head, D);
-        if (!paced_v) prefetch_rows<2>(vnext, std::min(kAhead, ahead), h * p.kv_stride_head, D);
+        if (!vector_dots) prefetch_rows<2>(knext, std::min(kAhead, ahead), h * p.kv_stride_head, D);
+        if (!v_tiles) prefetch_rows<2>(vnext, std::min(kAhead, ahead), h * p.kv_stride_head, D);
       }
-    }
     if constexpr (tiled) {
       float* kt = w.kt.data();
       if (!transpose_keys(krows, n, D, kt)) {
@@ -527,7 +526,7 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
       for (int h = 0; h < heads; ++h) {
         const T** hk = h == 0 ? krows : w.head_rows(krows, n, h * p.kv_stride_head);
         const int g0 = h * per_head;
-        if (kHaveDots && std::is_same<T, float>::value && D % 16 == 0) {
+        if (vector_dots) {
           dots(q + g0 * D, reinterpret_cast<const float* const*>(hk), n, per_head, D, scores + g0 * kChunk,
                Ahead<float>{reinterpret_cast<const float* const*>(knext), ahead, h * p.kv_stride_head});
         } else {
