@@ -2,13 +2,16 @@
 on processors with AMX, the AMX GEMM (bf16x6 pieces, fp32 accuracy) that prefill-sized inputs take.
 
     .venv/bin/python benchmarks/skinny_gemm.py [--checkpoint build/models/bench-medium] [--rows 1 4 8 16 32 64 2048]
-                                               [--repeat 5] [--baseline-lib OLD.so]
+                                               [--repeat 5] [--baseline-lib OLD.so] [--chunk-rows 128 1024]
 
 Shapes are the checkpoint's linear layers (q, k/v, o, gate/up, down, LM head). Every figure is the best of
 --repeat timings of a loop over the same call, so weights may sit in cache; the end-to-end effect is in
 decode_roofline.py and serve_bench.py (`--linear-backend torch|native`). `--baseline-lib OLD.so`: another build
 of libinflight_sgemm_cpu.so (an older commit's) packs the same weights and is timed beside this one, the two
-alternating call loop by call loop; its columns replace torch's and AMX's.
+alternating call loop by call loop; its columns replace torch's and AMX's. `--chunk-rows A B ...`: this build's
+GEMM walking its panels in chunks of A, B, ... k rows (`skinny_gemm.chunk_rows`; the first is the baseline of the
+ratios), with each layer's weights read from memory as in a model's step: a ring of copies of the layer, more than
+`--ring-mb` in all, each call taking the next copy, the chunk sizes alternating ring pass by ring pass.
 """
 from __future__ import annotations
 
@@ -68,18 +71,56 @@ def compare_builds(lib, args) -> None:
                   f"{now / before:.3f} |", flush=True)
 
 
+def compare_chunks(lib, args) -> None:
+    """This build's GEMM at each of `args.chunk_rows`, weights read from memory (a ring of copies per layer)."""
+    chosen, sizes = skinny_gemm.chunk_rows(lib), args.chunk_rows
+    print(f"{torch.get_num_threads()} threads; best of {args.repeat} ring passes; ms per call, weights from memory "
+          f"(rings of > {args.ring_mb} MB); chunk rows chosen here: {chosen}")
+    print("| layer (K x N) | rows | " + " | ".join(f"{c} rows (ms)" for c in sizes) + " | "
+          + " | ".join(f"{c} / {sizes[0]}" for c in sizes[1:]) + " |\n|---|---:|" + "---:|" * (2 * len(sizes) - 1))
+    try:
+        for name, (k, n) in layer_shapes(args.checkpoint).items():
+            weight_t = torch.randn(k, n)
+            copies = max(2, -(-args.ring_mb * 2**20 // (k * n * 4)))
+            ring = [skinny_gemm.pack(lib, weight_t) for _ in range(copies)]
+            for rows in args.rows:
+                x, y = torch.randn(rows, k), torch.empty(rows, n)
+                for size in sizes:
+                    skinny_gemm.chunk_rows(lib, size)
+                    torch.testing.assert_close(skinny_gemm.gemm(lib, x, ring[0], n, None), x @ weight_t, atol=1e-3,
+                                               rtol=1e-4)
+
+                def walk(size):
+                    def run():
+                        skinny_gemm.chunk_rows(lib, size)
+                        for packed in ring:
+                            skinny_gemm.gemm(lib, x, packed, n, None, y)
+                    return run
+                ms = [t / copies for t in best_ms(*(walk(c) for c in sizes), repeat=args.repeat, calls=1)]
+                print(f"| {name} ({k} x {n}) | {rows} | " + " | ".join(f"{t:.3f}" for t in ms) + " | "
+                      + " | ".join(f"{t / ms[0]:.3f}" for t in ms[1:]) + " |", flush=True)
+            del ring
+    finally:
+        skinny_gemm.chunk_rows(lib, chosen)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default="build/models/bench-medium")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 2048])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--baseline-lib", type=Path, metavar="SO", help="another build of the library, timed beside")
+    parser.add_argument("--chunk-rows", type=int, nargs="+", metavar="K",
+                        help="compare these panel chunk sizes of this build, weights read from memory")
+    parser.add_argument("--ring-mb", type=int, default=1024, help="with --chunk-rows: each layer's ring of copies")
     args = parser.parse_args(argv)
     lib = skinny_gemm.load_library()
     if lib is None:
         raise SystemExit("build/lib/libinflight_sgemm_cpu.so is missing or built without AVX-512: `make native`")
     if args.baseline_lib is not None:
         return compare_builds(lib, args)
+    if args.chunk_rows:
+        return compare_chunks(lib, args)
     shapes = layer_shapes(args.checkpoint)
     amx = skinny_gemm.amx_available(lib)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {args.repeat}; ms per call; "

@@ -20,8 +20,9 @@ def lib():
 
 
 # Output widths cover full 64-column tiles, a partial last tile and a single partial tile; input widths one chunk
-# of the panel and several (the AVX2 walk takes 128 k rows at a time: 300 is 128 + 128 + 44; the AVX-512 walk
-# 1024: 2100 is 1024 + 1024 + 52); row counts cover every remainder of the kernel's 6-row blocks and prefill sizes.
+# of the panel and several (chunks of 128 k rows: 300 is 128 + 128 + 44; of 1,024: 2100 is 1024 + 1024 + 52; the
+# size this processor takes here, every size the library chooses in the next test); row counts cover every
+# remainder of the kernel's 6-row blocks and prefill sizes.
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 32, 300])
 @pytest.mark.parametrize("in_features, out_features", [(96, 160), (64, 128), (37, 20), (300, 200), (2100, 72)])
@@ -30,6 +31,25 @@ def test_packed_linear_equals_linear(lib, bias, rows, in_features, out_features)
     linear = nn.Linear(in_features, out_features, bias=bias)
     x = torch.randn(rows, in_features)
     torch.testing.assert_close(PackedLinear(linear, lib)(x), linear(x), atol=1e-5, rtol=1e-5)
+
+
+# The chunk size the library loads with depends on the processor (its L1 cache), so both sizes it chooses, and
+# one that divides no input width here, are checked on any machine.
+@pytest.mark.parametrize("chunk", [128, 1024, 100])
+@pytest.mark.parametrize("rows", [1, 7, 32, 300])
+@pytest.mark.parametrize("in_features", [300, 2100])
+def test_packed_linear_for_every_panel_chunk_size(lib, chunk, rows, in_features):
+    torch.manual_seed(rows + in_features)
+    linear = nn.Linear(in_features, 72)
+    x = torch.randn(rows, in_features)
+    chosen = skinny_gemm.chunk_rows(lib)
+    assert chosen in (128, 1024)
+    try:
+        assert skinny_gemm.chunk_rows(lib, chunk) == chunk
+        out = PackedLinear(linear, lib)(x)
+    finally:
+        skinny_gemm.chunk_rows(lib, chosen)
+    torch.testing.assert_close(out, linear(x), atol=1e-5, rtol=1e-5)
 
 
 # 14 column tiles shared out over 1, 2, 3 and 5 OpenMP threads (more threads than cores: some are preempted

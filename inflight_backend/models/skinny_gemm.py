@@ -30,6 +30,9 @@ def load_library(path: Path | None = None) -> ctypes.CDLL | None:
     lib.sg_pack_f32.argtypes = [_PTR, _I64, _I64, _PTR]
     lib.sg_gemm_f32.restype = ctypes.c_int
     lib.sg_gemm_f32.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR]
+    if hasattr(lib, "sg_chunk_rows"):  # builds before it (a benchmark's --baseline-lib) choose no chunk size
+        lib.sg_chunk_rows.restype = _I64
+        lib.sg_chunk_rows.argtypes = [_I64]
     lib.sg_amx_available.restype = ctypes.c_int
     lib.sg_amx_min_rows.restype = ctypes.c_int
     lib.sg_amx_packed_size.restype = _I64
@@ -64,6 +67,12 @@ def gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int, bias: 
     if status != SG_OK:
         raise RuntimeError(f"skinny GEMM failed with status {status}")
     return y
+
+
+def chunk_rows(lib: ctypes.CDLL, rows: int = 0) -> int:
+    """The k rows of a panel each pass of the GEMM walks (chosen from the L1 cache's size when the library
+    loads); `rows` > 0 sets it for the calls that follow (tests and benchmarks)."""
+    return int(lib.sg_chunk_rows(rows))
 
 
 def amx_available(lib: ctypes.CDLL) -> bool:

@@ -1,12 +1,15 @@
 // Skinny GEMM (see include/skinny_gemm.h). Work is split over column tiles of SG_TILE (four AVX-512 vectors);
-// within a tile, the packed (K x SG_TILE) panel is walked in chunks of kChunk rows that stay in cache (L2 with
-// AVX-512, L1 with AVX2) while every block of up to 6 rows of x runs over them with 6 x 4 accumulators in
-// registers (partial sums live in y).
+// within a tile, the packed (K x SG_TILE) panel is walked in chunks of sg_chunk_rows() rows that stay in cache
+// (L1 or L2, below) while every block of up to 6 rows of x runs over them with 6 x 4 accumulators in registers
+// (partial sums live in y).
 // Built for AVX2+FMA without AVX-512, the same walk runs on quarter tiles (below).
 #include "skinny_gemm.h"
 
 #include <omp.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <atomic>
 
 #include "claimed_ranges.h"
 
@@ -77,7 +80,32 @@ struct NextChunk {
   }
 };
 
+// k rows of a panel per pass (sg_chunk_rows). Each pass of a row block starts its accumulators from y and ends
+// storing them, and the next chunk is prefetched while this one is used. With AVX-512 the choice follows the L1
+// data cache: 48 KB or more (Intel since Ice Lake, Zen 5) holds a 128-row chunk (32 KB) beside x's rows, and
+// there 1,024-row chunks ran 1.04-1.14x longer on the large bench model's layers at 8-32 rows with the weights
+// read from memory (an Intel Xeon with AMX; 64-256 within 5% of 128). With a 32 KB L1 (Zen 4) the 128-row chunk
+// does not stay in it, and 1,024 rows (256 KB, held in L2) amortise the passes' loads and stores: there 128 ran
+// 1.06-1.10x longer at 32-2,048 rows, 1.04-1.09x at 8 (256 and 512 in between, 2,048 and 4,096 as 1,024). The
+// AVX2 walk takes 128 (a part's 8 KB stays in L1; 64: each pass's accumulator loads and stores cost 4-5% at 32
+// rows; 1,024 on the Zen 4 EPYC: 0.94-1.09x, mixed).
+int64_t default_chunk_rows() {
+#if defined(__AVX512F__)
+  const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+  return l1 >= 48 * 1024 ? 128 : 1024;
+#else
+  return 128;
+#endif
+}
+
+std::atomic<int64_t> chunk_rows{default_chunk_rows()};
+
 }  // namespace
+
+extern "C" int64_t sg_chunk_rows(int64_t rows) {
+  if (rows > 0) chunk_rows.store(rows, std::memory_order_relaxed);
+  return chunk_rows.load(std::memory_order_relaxed);
+}
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -86,12 +114,6 @@ namespace {
 
 constexpr int kRows = 6;
 constexpr int64_t kSlab = 96;    // rows of x per pass over all tiles
-// k rows of a panel per pass: 1024 x SG_TILE floats = 256 KB, resident in L2. Each pass of a row block starts
-// its accumulators from y and ends storing them, and the next chunk is prefetched while this one is used: on the
-// Zen 4 EPYC (32 KB L1) 128-row chunks (32 KB, meant to stay in L1) ran 1.06-1.10x longer at 32-2,048 rows on the
-// large bench model's layers, 1.04-1.09x at 8 rows, within 5% at 1 row and for the LM head read from memory at
-// 1-8 rows (`benchmarks/skinny_gemm.py --baseline-lib`); 256 and 512 in between, 2,048 and 4,096 as 1,024.
-constexpr int64_t kChunk = 1024;
 
 // Rows [0, R) of x times the packed panel's k rows [k0, k0 + kc): accumulate into y (first chunk: start from
 // bias or zero; last chunk: y holds the result). Meanwhile prefetch `pf`'s lines into L2.
@@ -136,7 +158,7 @@ constexpr RowBlockFn kRowBlocks[kRows + 1] = {nullptr, row_block<1>, row_block<2
 extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, const float* packed, int64_t N,
                            const float* bias, float* y) {
   if (M < 0 || K <= 0 || N <= 0 || ldx < K) return SG_ERR_SHAPE;
-  const int64_t tiles = (N + SG_TILE - 1) / SG_TILE;
+  const int64_t tiles = (N + SG_TILE - 1) / SG_TILE, chunk = sg_chunk_rows(0);
   // Prefill-sized inputs go in slabs of kSlab rows, so a slab of x stays in L2 while every tile uses it.
   for (int64_t s0 = 0; s0 < M; s0 += kSlab) {
     const int64_t s1 = M - s0 < kSlab ? M : s0 + kSlab;
@@ -150,12 +172,12 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
         masks[j] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
       }
       const float* panel = packed + t * K * SG_TILE;
-      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-        const int64_t kc = K - k0 < kChunk ? K - k0 : kChunk;
+      for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+        const int64_t kc = K - k0 < chunk ? K - k0 : chunk;
         const RowSplit split(s1 - s0, kRows);
         const int64_t blocks = split.blocks;
         // While the row blocks run over this chunk, the next chunk of weights is fetched into L2.
-        const NextChunk next(panel, k0, kc, K, t, tiles, kChunk, blocks);
+        const NextChunk next(panel, k0, kc, K, t, tiles, chunk, blocks);
         for (int64_t b = 0, m0 = s0; b < blocks; ++b) {
           const int rows = split.rows(b);
           kRowBlocks[rows](x + m0 * ldx, ldx, panel, k0, kc, N, n0, masks, bias, k0 == 0, y + m0 * N,
@@ -180,8 +202,6 @@ namespace {
 constexpr int kRows = 6;
 constexpr int kPart = 16;
 constexpr int64_t kSlab = 96;
-constexpr int64_t kChunk = 128;  // 128 x SG_TILE floats = 32 KB of the panel; a part's 8 KB stays in L1
-                                 // (64: each pass's accumulator loads and stores cost 4-5% at 32 rows)
 
 // Columns [c0, c0 + width) (width <= kPart) of rows [0, R) of y, over the panel's k rows [k0, k0 + kc); `panel`
 // points at this part's first column. First chunk: start from bias or zero; else from y. A partial part (the
@@ -252,7 +272,7 @@ constexpr RowBlockFn kRowBlocks[2][kRows + 1] = {
 extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, const float* packed, int64_t N,
                            const float* bias, float* y) {
   if (M < 0 || K <= 0 || N <= 0 || ldx < K) return SG_ERR_SHAPE;
-  const int64_t tiles = (N + SG_TILE - 1) / SG_TILE;
+  const int64_t tiles = (N + SG_TILE - 1) / SG_TILE, chunk = sg_chunk_rows(0);
   for (int64_t s0 = 0; s0 < M; s0 += kSlab) {
     const int64_t s1 = M - s0 < kSlab ? M : s0 + kSlab;
     // Claimed one at a time from per-thread ranges (claimed_ranges.h), not static: each thread still walks
@@ -265,10 +285,10 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
     for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;) {
       const float* panel = packed + t * K * SG_TILE;
       const RowSplit split(s1 - s0, kRows);
-      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-        const int64_t kc = K - k0 < kChunk ? K - k0 : kChunk;
+      for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+        const int64_t kc = K - k0 < chunk ? K - k0 : chunk;
         // As the AVX-512 walk: the next chunk of weights is fetched into L2 over every (part, row block) pass.
-        const NextChunk next(panel, k0, kc, K, t, tiles, kChunk, SG_TILE / kPart * split.blocks);
+        const NextChunk next(panel, k0, kc, K, t, tiles, chunk, SG_TILE / kPart * split.blocks);
         int64_t pass = 0;
         for (int part = 0; part < SG_TILE / kPart; ++part) {
           const int64_t c0 = t * SG_TILE + part * kPart;
