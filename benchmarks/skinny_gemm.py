@@ -71,6 +71,15 @@ def compare_builds(lib, args) -> None:
                   f"{now / before:.3f} |", flush=True)
 
 
+def ring_walk(lib, ring: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, chunk: int):
+    """A call of the GEMM on every packed weight of `ring` in turn, at panel chunks of `chunk` rows, into `y`."""
+    def run():
+        skinny_gemm.chunk_rows(lib, chunk)
+        for packed in ring:
+            skinny_gemm.gemm(lib, x, packed, y.shape[1], None, y)
+    return run
+
+
 def compare_chunks(lib, args) -> None:
     """This build's GEMM at each of `args.chunk_rows`, weights read from memory (a ring of copies per layer)."""
     chosen, sizes = skinny_gemm.chunk_rows(lib), args.chunk_rows
@@ -89,14 +98,8 @@ def compare_chunks(lib, args) -> None:
                     skinny_gemm.chunk_rows(lib, size)
                     torch.testing.assert_close(skinny_gemm.gemm(lib, x, ring[0], n, None), x @ weight_t, atol=1e-3,
                                                rtol=1e-4)
-
-                def walk(size):
-                    def run():
-                        skinny_gemm.chunk_rows(lib, size)
-                        for packed in ring:
-                            skinny_gemm.gemm(lib, x, packed, n, None, y)
-                    return run
-                ms = [t / copies for t in best_ms(*(walk(c) for c in sizes), repeat=args.repeat, calls=1)]
+                walks = [ring_walk(lib, ring, x, y, size) for size in sizes]
+                ms = [t / copies for t in best_ms(*walks, repeat=args.repeat, calls=1)]
                 print(f"| {name} ({k} x {n}) | {rows} | " + " | ".join(f"{t:.3f}" for t in ms) + " | "
                       + " | ".join(f"{t / ms[0]:.3f}" for t in ms[1:]) + " |", flush=True)
             del ring
