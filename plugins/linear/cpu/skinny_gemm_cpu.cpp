@@ -83,8 +83,8 @@ struct NextChunk {
 // k rows of a panel per pass (sg_chunk_rows). Each pass of a row block starts its accumulators from y and ends
 // storing them, and the next chunk is prefetched while this one is used. With AVX-512 the choice follows the L1
 // data cache: 48 KB or more (Intel since Ice Lake, Zen 5) holds a 128-row chunk (32 KB) beside x's rows, and
-// there 1,024-row chunks ran 1.04-1.14x longer on the large bench model's layers at 8-32 rows with the weights
-// read from memory (an Intel Xeon with AMX; 64-256 within 5% of 128). With a 32 KB L1 (Zen 4) the 128-row chunk
+// there 1,024-row chunks ran 1.02-1.31x longer on the large bench model's layers at 1-32 rows with the weights
+// read from memory (an Intel Xeon with AMX; `benchmarks/skinny_gemm.py --chunk-rows`; 64-256 within 5% of 128). With a 32 KB L1 (Zen 4) the 128-row chunk
 // does not stay in it, and 1,024 rows (256 KB, held in L2) amortise the passes' loads and stores: there 128 ran
 // 1.06-1.10x longer at 32-2,048 rows, 1.04-1.09x at 8 (256 and 512 in between, 2,048 and 4,096 as 1,024). The
 // AVX2 walk takes 128 (a part's 8 KB stays in L1; 64: each pass's accumulator loads and stores cost 4-5% at 32
