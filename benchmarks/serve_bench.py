@@ -9,7 +9,8 @@ tritonserver, gRPC streaming); `+noreuse` turns prefix caching (`enable_kv_cache
 admits longest cached prefix first (`cache_aware_admission_ms` 1000), `+noamx` keeps prefill GEMMs off AMX
 (`amx_gemm: off`);
 `+chunkedN` sets that target's token budget to N instead of --chunked-max-num-tokens, `+chunkedNcapC` also caps
-one request's prompt tokens per step at C (`max_chunk_tokens`);
+one request's prompt tokens per step at C (`max_chunk_tokens`); `+stepMS` (with `+chunked...`, whose budget is then
+the ceiling) sizes each step's budget to run in MS milliseconds (`step_time_target_ms`);
 `hf:static` (transformers `generate`, static batches), `hf:batch` (transformers' continuous batching);
 the peers `vllm:x[+chunkedN][+noreuse]` (N: its --max-num-batched-tokens with chunked prefill; `+noreuse`: its
 prefix caching off, which poisson runs need: each rate sends the same prompts again) and `llamacpp:x`
@@ -54,9 +55,11 @@ def make_target(spec: str, args, workdir: Path):
         cls = {"static": T.HFStaticTarget, "batch": T.HFContinuousTarget}[policy]
         return cls(args.checkpoint, args.max_batch_size, args.dtype)
     name, *flags = policy.split("+")
-    unknown = [f for f in flags if f not in ("noreuse", "cacheaware", "noamx") and not f.startswith("chunked")]
+    unknown = [f for f in flags if f not in ("noreuse", "cacheaware", "noamx") and not f.startswith("chunked")
+               and not (f.startswith("step") and f[4:].isdigit())]
     if unknown:
         raise SystemExit(f"unknown target suffix(es) {unknown}")
+    step_ms = next((float(f[4:]) for f in flags if f.startswith("step")), 0.0)
     reuse = "noreuse" not in flags
     chunked = next((f for f in flags if f.startswith("chunked")), "")
     budget, cap = chunk_budget(chunked, args.chunked_max_num_tokens) if chunked else (args.max_num_tokens, 0)
@@ -65,7 +68,7 @@ def make_target(spec: str, args, workdir: Path):
                   num_kv_blocks=args.num_kv_blocks, max_queue_delay_ms=args.max_queue_delay_ms, dtype=args.dtype,
                   linear_backend=args.linear_backend, amx_gemm="off" if "noamx" in flags else "auto",
                   enable_kv_cache_reuse=reuse,
-                  cache_aware_admission_ms=1000.0 if "cacheaware" in flags else 0.0)
+                  cache_aware_admission_ms=1000.0 if "cacheaware" in flags else 0.0, step_time_target_ms=step_ms)
     if system == "engine":
         return T.EngineTarget(args.checkpoint, **params)
     if system == "triton":

@@ -39,6 +39,7 @@ class EngineConfig:
     enable_kv_cache_reuse: bool = True  # prefix caching: full blocks of computed prefixes are reused by later requests
     cache_aware_admission_ms: float = 0.0  # > 0: admit longest cached prefix first, none passed over longer; 0: off
     max_chunk_tokens: int = 0  # chunked prefill: most prompt tokens one request computes per step; 0: the budget
+    step_time_target_ms: float = 0.0  # > 0 (fused, chunked): each step's budget sized to run in this long; 0: off
     batching_policy: str = "fused"  # static | prefill_first | fused
     capacity_policy: str = "guaranteed_no_evict"  # guaranteed_no_evict | max_utilization
     max_queue_delay_ms: float = 0.0  # static: how long a partial batch waits to fill
@@ -70,6 +71,10 @@ class EngineConfig:
         _check(self.max_num_tokens >= self.max_batch_size,
                f"max_num_tokens ({self.max_num_tokens}) must be >= max_batch_size ({self.max_batch_size})")
         _check(self.max_chunk_tokens >= 0, f"max_chunk_tokens must be >= 0, got {self.max_chunk_tokens}")
+        _check(self.step_time_target_ms >= 0, f"step_time_target_ms must be >= 0, got {self.step_time_target_ms}")
+        _check(not self.step_time_target_ms or (self.enable_chunked_prefill and self.batching_policy == "fused"),
+               "step_time_target_ms applies to batching_policy fused with enable_chunked_prefill: true (it sizes "
+               "each step's prompt chunks)")
         _check(self.default_max_tokens >= 1, "default_max_tokens must be >= 1")
         _check(self.cancel_check_interval_ms > 0, "cancel_check_interval_ms must be > 0")
         _check(self.cpu_threads >= 0, "cpu_threads must be >= 0 (0: torch's default, shared among the instances)")

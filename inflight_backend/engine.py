@@ -225,7 +225,9 @@ class InflightEngine:
                     outputs.append(self._advance(request, now) if plain else self._postprocess(request, now, infos))
                 except Exception as exc:  # a failure here ends this request alone
                     outputs.append(self.fail(request, f"processing the output failed: {type(exc).__name__}: {exc}"))
-        self.stats.record(sched, self.scheduler, (start, scheduled, modelled, time.perf_counter()))
+        end = time.perf_counter()
+        self.scheduler.step_took(sched, end - start)
+        self.stats.record(sched, self.scheduler, (start, scheduled, modelled, end))
         return outputs
 
     def fail(self, request: Request, message: str) -> RequestOutput:

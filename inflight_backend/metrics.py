@@ -25,6 +25,8 @@ GAUGES = {
     "inflight_step_batch_size": ("sequences in the last iteration", "last_step_num_seqs"),
     "inflight_step_prefill_tokens": ("prompt tokens in the last iteration", "last_step_prefill_tokens"),
     "inflight_step_decode_tokens": ("decode tokens in the last iteration", "last_step_decode_tokens"),
+    "inflight_step_token_budget": ("token budget of the last iteration (max_num_tokens, or as step_time_target_ms "
+                                   "sized it)", "last_step_token_budget"),
 }
 REQUEST_STATES = {"running": "num_running", "waiting": "num_waiting", "preempted": "num_preempted_waiting"}
 PHASES = {"schedule": "schedule_seconds", "model": "model_seconds", "sample": "sample_seconds"}

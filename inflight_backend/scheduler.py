@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager, blocks_for
 from .config import EngineConfig, check_policies
 from .request import Request, RequestStatus
+from .step_budget import StepBudget
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,7 @@ class SchedulerConfig:
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds
     max_chunk_tokens: int = 0  # chunked prefill: one request's prompt tokens per step; 0: the whole budget
     cache_aware_wait_s: float = 0.0  # > 0: longest cached prefix first among equals, for at most this long
+    step_time_target_s: float = 0.0  # > 0: each step's budget learnt to run in this long (step_budget.py)
 
     def __post_init__(self) -> None:
         check_policies(self.policy, self.capacity_policy)
@@ -39,7 +41,8 @@ class SchedulerConfig:
                    enable_chunked_prefill=config.enable_chunked_prefill, policy=config.batching_policy,
                    capacity_policy=config.capacity_policy, max_queue_delay_s=config.max_queue_delay_ms / 1000.0,
                    priority_aging_s=config.priority_aging_s, max_chunk_tokens=config.max_chunk_tokens,
-                   cache_aware_wait_s=config.cache_aware_admission_ms / 1000.0)
+                   cache_aware_wait_s=config.cache_aware_admission_ms / 1000.0,
+                   step_time_target_s=config.step_time_target_ms / 1000.0)
 
     @property
     def chunk_limit(self) -> int:
@@ -97,6 +100,9 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the newest is preempted first
         self.num_preemptions = 0
         self.num_cached_tokens = 0  # tokens taken as computed blocks (prefix cache, or a sibling's) at admission
+        self.step_budget = StepBudget(config.step_time_target_s, config.max_num_tokens, block_manager.block_size) \
+            if config.step_time_target_s > 0 else None
+        self.token_budget = config.max_num_tokens  # the last schedule()'s
 
     @property
     def num_unfinished(self) -> int:
@@ -115,7 +121,9 @@ class Scheduler:
         self.blocks.free(request.req_id)
 
     def schedule(self, now: float | None = None) -> SchedulerOutput:
-        out = SchedulerOutput(budget=self.config.max_num_tokens)
+        if self.step_budget is not None:
+            self.token_budget = self.step_budget.budget(len(self.running))
+        out = SchedulerOutput(budget=self.token_budget)
         policy = self.config.policy
         if policy == "fused":  # ORCA / TensorRT-LLM: decodes, then prompt chunks, then new prompts
             self._schedule_running(out, decodes=True, then_others=True)
@@ -130,6 +138,12 @@ class Scheduler:
         elif self._static_batch_ready(time.monotonic() if now is None else now):
             self._admit(out)
         return out
+
+    def step_took(self, output: SchedulerOutput, seconds: float) -> None:
+        """The engine ran `output` in `seconds` (wall time, schedule to postprocess): what the step time target
+        learns from."""
+        if self.step_budget is not None and output.scheduled:
+            self.step_budget.observe(output.num_tokens, seconds)
 
     def update(self, output: SchedulerOutput, sampled_ids: list[int]) -> list[Request]:
         """Advance computed tokens and append sampled ones (in `output` order). Returns requests with a new token."""

@@ -24,6 +24,7 @@ class EngineStats:
     last_step_prefill_tokens: int = 0
     last_step_decode_tokens: int = 0
     last_step_num_seqs: int = 0
+    last_step_token_budget: int = 0  # max_num_tokens, or what step_time_target_ms made of it
     # Seconds spent in each phase, summed over steps (the respond phase is timed by the responder thread).
     schedule_seconds: float = 0.0
     model_seconds: float = 0.0
@@ -40,6 +41,7 @@ class EngineStats:
         self.last_step_prefill_tokens = sched.num_tokens - decodes
         self.last_step_decode_tokens = decodes
         self.last_step_num_seqs = len(sched.scheduled)
+        self.last_step_token_budget = scheduler.token_budget
         self.record_queues(scheduler)
         if not sched.is_empty:
             self.num_steps += 1

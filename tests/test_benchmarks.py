@@ -135,8 +135,12 @@ def test_target_suffixes_set_reuse_and_cache_aware_admission(monkeypatch):
     assert not made["enable_kv_cache_reuse"] and made["enable_chunked_prefill"]
     make_target("engine:fused+cacheaware", args, None)
     assert made["enable_kv_cache_reuse"] and made["cache_aware_admission_ms"] > 0
-    with pytest.raises(SystemExit):
-        make_target("engine:fused+nonsense", args, None)
+    assert made["step_time_target_ms"] == 0
+    make_target("engine:fused+chunked512+step180", args, None)
+    assert made["max_num_tokens"] == 512 and made["step_time_target_ms"] == 180
+    for bad in ("engine:fused+nonsense", "engine:fused+chunked+step", "engine:fused+chunked+stepfast"):
+        with pytest.raises(SystemExit):
+            make_target(bad, args, None)
 
 
 def test_the_in_process_target_counts_every_token_of_a_coalesced_output(monkeypatch, tiny_model):

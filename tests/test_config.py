@@ -21,6 +21,10 @@ def test_parameters_are_typed_and_paths_resolved(tmp_path):
     ({"checkpoint": "m", "max_chunk_tokens": "-1"}, "max_chunk_tokens must be >= 0"),
     ({"checkpoint": "m", "batching_policy": "orca"}, "batching_policy must be one of"),
     ({"checkpoint": "m", "capacity_policy": "evict"}, "capacity_policy must be one of"),
+    ({"checkpoint": "m", "step_time_target_ms": "-5"}, "step_time_target_ms must be >= 0"),
+    ({"checkpoint": "m", "step_time_target_ms": "150"}, "step_time_target_ms applies to .* enable_chunked_prefill"),
+    ({"checkpoint": "m", "step_time_target_ms": "150", "enable_chunked_prefill": "true",
+      "batching_policy": "prefill_first"}, "step_time_target_ms applies to batching_policy fused"),
 ])
 def test_invalid_parameters_are_rejected_with_the_reason(params, message):
     with pytest.raises(ValueError, match=message):

@@ -73,6 +73,22 @@ def test_chunked_prefill_under_a_chunk_cap_matches_transformers(setup, oracle_ca
     assert max(chunks) == 13 and engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
+def test_a_step_time_target_sizes_chunks_and_matches_transformers(setup, oracle_cases):
+    """A target below any step's time: once the fit has a few steps, each step takes the running sequences'
+    decodes and one block of prompt, so long prompts go in many chunks (how many depends on the timings)."""
+    path, expected = setup
+    engine = InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=256, block_size=16, max_batch_size=8,
+                                         max_num_tokens=512, enable_chunked_prefill=True, step_time_target_ms=0.001))
+    budgets, execute = [], engine.runner.execute
+    engine.runner.execute = lambda out: budgets.append((engine.scheduler.token_budget, out.num_tokens)) or \
+        execute(out)
+    got, _ = run(engine, oracle_cases, arrive_at_step=[2 * i for i in range(len(oracle_cases))])
+    assert got == expected
+    learnt = [(budget, tokens) for budget, tokens in budgets if budget < 512]
+    assert len(learnt) > len(budgets) // 2 and all(tokens <= budget <= 8 + 16 for budget, tokens in learnt)
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
 def test_one_at_a_time_matches_transformers(setup, oracle_cases):
     path, expected = setup
     engine = InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=64))

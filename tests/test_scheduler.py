@@ -1,6 +1,8 @@
 """Scheduler behaviour with a fake runner (no model): admission, budgets, sharing of steps, block accounting."""
 import random
 
+import pytest
+
 from inflight_backend.block_manager import BlockManager
 from inflight_backend.request import Request, RequestStatus, SamplingParams
 from inflight_backend.scheduler import Scheduler, SchedulerConfig
@@ -124,3 +126,32 @@ def test_scheduler_config_takes_every_scheduling_field_of_the_model_config_in_se
         max_batch_size=7, max_num_tokens=96, enable_chunked_prefill=True, policy="static",
         capacity_policy="max_utilization", max_queue_delay_s=0.25, priority_aging_s=3.0, max_chunk_tokens=24,
         cache_aware_wait_s=0.5)
+    targeted = EngineConfig(checkpoint="unused", enable_chunked_prefill=True, step_time_target_ms=150.0)
+    assert SchedulerConfig.from_engine_config(targeted).step_time_target_s == 0.15
+
+
+def test_a_step_time_target_sizes_each_steps_budget_from_the_steps_run():
+    """Steps cost 10 ms plus 1 ms a token and the target is 40 ms: once the fit has steps of a few sizes, each
+    step takes at most 30 tokens, or the running sequences plus one block (4 tokens) when more run."""
+    bm = BlockManager(4096, 4)  # room for every request's whole length: none waits for blocks
+    sched = Scheduler(SchedulerConfig(40, 256, True, step_time_target_s=0.040), bm)
+    learnt = 0
+    budgets = []
+    for i in range(60):
+        sched.add(request(i, 6, 200))
+        running = len(sched.running)
+        out = run_step(sched)
+        if sched.step_budget.per_token_s is None:
+            assert sched.token_budget == 256  # nothing learnt yet: max_num_tokens
+        else:
+            learnt += 1
+            assert sched.token_budget == max(30, running + 4)
+            assert out.num_tokens <= sched.token_budget
+            assert out.num_prefill_tokens >= 4 or running == 40  # decodes first, and prompts still advance
+            budgets.append(sched.token_budget)
+        sched.step_took(out, 0.010 + 0.001 * out.num_tokens)
+    assert learnt >= 55 and len(sched.running) == 40
+    assert 30 in budgets and max(budgets) == 44  # the floor: 40 decodes and one block
+    assert sched.step_budget.per_token_s == pytest.approx(0.001)
+    assert sched.step_budget.fixed_s == pytest.approx(0.010)
+    bm.check_integrity()
