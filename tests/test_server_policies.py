@@ -21,6 +21,9 @@ POLICY_MODELS = {  # name: parameters; the models a test holds a slot of have ro
     "max_utilization": dict(batching_policy="fused", enable_chunked_prefill="true", max_num_tokens=128,
                             capacity_policy="max_utilization", block_size=32, num_kv_blocks=14),
     "queue": dict(max_batch_size=1, max_queue_size=2, num_kv_blocks=1 + LONG_CONTEXT // 16),
+    # a target below any step's time: once learnt, each step takes the decodes and one block (16) of prompt
+    "step_target": dict(batching_policy="fused", enable_chunked_prefill="true", max_num_tokens=256,
+                        step_time_target_ms=0.001, num_kv_blocks=1024),
 }
 HOLDING = {"static", "prefill_first", "fused_chunked", "queue"}  # served from long_model
 
@@ -60,7 +63,7 @@ def run_concurrently(server, model, cases):
     return results
 
 
-@pytest.mark.parametrize("model", ["static", "prefill_first", "fused_chunked", "max_utilization"])
+@pytest.mark.parametrize("model", ["static", "prefill_first", "fused_chunked", "max_utilization", "step_target"])
 def test_every_policy_gives_the_transformers_tokens(policy_server, expected, oracle_cases, model):
     port = policy_server.metrics_port
     results = run_concurrently(policy_server, model, oracle_cases)
@@ -82,6 +85,8 @@ def test_every_policy_gives_the_transformers_tokens(policy_server, expected, ora
     assert metric(port, "inflight_time_per_output_token_seconds_sum", model) > 0
     if model != "max_utilization":  # whether the oracle cases overlap enough to preempt depends on timing
         assert metric(port, "inflight_preemptions_total", model) == 0
+    if model == "step_target":  # the last step's budget: what the target made of max_num_tokens
+        assert metric(port, "inflight_step_token_budget", model) <= len(oracle_cases) + 16
 
 
 @pytest.mark.parametrize("model", ["static", "prefill_first", "fused_chunked"])
