@@ -14,12 +14,16 @@ def test_the_ceiling_until_steps_of_different_sizes_were_seen():
     assert budget.per_token_s is None and budget.budget(8) == 512
 
 
+def run_steps(budget: StepBudget, rng: random.Random, steps: int, per_token_s: float) -> None:
+    """Steps of 1-300 tokens costing 20 ms plus `per_token_s` a token."""
+    for _ in range(steps):
+        tokens = rng.randint(1, 300)
+        budget.observe(tokens, 0.02 + per_token_s * tokens)
+
+
 def test_a_linear_cost_is_learnt_and_the_budget_meets_the_target():
     budget = StepBudget(0.1, ceiling=512, min_prompt_tokens=16)
-    rng = random.Random(0)
-    for _ in range(30):
-        tokens = rng.randint(1, 300)
-        budget.observe(tokens, 0.02 + 0.001 * tokens)
+    run_steps(budget, random.Random(0), 30, 0.001)
     assert budget.per_token_s == pytest.approx(0.001) and budget.fixed_s == pytest.approx(0.02)
     assert budget.budget(8) == 80  # (0.1 - 0.02) / 0.001
     assert budget.budget(70) == 86  # 70 running: their decodes and one block of prompt
@@ -29,12 +33,9 @@ def test_a_linear_cost_is_learnt_and_the_budget_meets_the_target():
 def test_the_fit_follows_a_machine_that_slows_down():
     budget = StepBudget(0.1, ceiling=512, min_prompt_tokens=16)
     rng = random.Random(1)
-    for _ in range(30):
-        tokens = rng.randint(1, 300)
-        budget.observe(tokens, 0.02 + 0.001 * tokens)
-    for _ in range(200):  # every token now costs twice as much
-        tokens = rng.randint(1, 300)
-        budget.observe(tokens, 0.02 + 0.002 * tokens)
+    run_steps(budget, rng, 30, 0.001)
+    assert budget.budget(8) == 80
+    run_steps(budget, rng, 200, 0.002)  # every token now costs twice as much
     assert budget.budget(8) == 40
 
 
