@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 
 import numpy as np
 import pytest
@@ -255,3 +256,38 @@ def test_thread_cpu_sampler_finds_each_thread_of_the_matching_process():
     finally:
         child.kill()
         child.wait()
+
+
+def test_prefill_rows_baseline_is_the_forward_on_every_row(tiny_model, monkeypatch, capsys):
+    """benchmarks/prefill_rows.py's `all rows` forward gives the default forward's logits (below AMX's 64 rows
+    both multiply on the packed GEMM, row by row alike), and its table has a row per prompt length."""
+    import types
+
+    import torch
+
+    from benchmarks import prefill_rows
+    from inflight_backend.config import EngineConfig
+    from inflight_backend.engine import InflightEngine
+    from inflight_backend.request import SamplingParams
+
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=64))
+    model, execute, logits = engine.runner.model, engine.runner.execute, []
+    baseline = types.MethodType(prefill_rows.all_rows_forward, model)
+
+    def both(output):
+        default = execute(output)
+        model.forward, saved = baseline, model.forward
+        logits.append((default.clone(), execute(output)))
+        model.forward = saved
+        return default
+
+    engine.runner.execute = both
+    engine.add_request("a", list(range(1, 40)), SamplingParams(max_tokens=2))
+    while engine.has_unfinished():
+        engine.step()
+    assert len(logits) == 2 and all(torch.equal(a, b) for a, b in logits)
+    monkeypatch.setattr(sys, "argv", ["prefill_rows", "--checkpoint", tiny_model, "--tokens", "8", "24",
+                                      "--pairs", "1"])
+    prefill_rows.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row.split("|")[1].strip() for row in rows] == ["8", "24"]

@@ -112,3 +112,19 @@ def test_shapes_checked_and_a_short_workspace_refused(tiny_model, lib):
     assert lib.dec_forward_f32(stack._stack, step, h.data_ptr(), h.data_ptr(), None, need - 1) == 2  # workspace
     bad = decoder_stack.DecStack(num_layers=0, layers=ctypes.cast(None, ctypes.POINTER(decoder_stack.DecLayer)))
     assert lib.dec_forward_f32(bad, step, h.data_ptr(), h.data_ptr(), None, 0) == 1  # shape
+
+
+def test_the_last_layer_goes_past_attention_for_the_sampled_rows_alone(tiny_model, oracle_cases):
+    """A prompt's non-final tokens need every layer's K and V but no logits: the last layer's MLP sees one row per
+    sampled sequence (the native stack does the same, which the bitwise tests above hold it to)."""
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256, attention_backend="torch"))
+    layers = engine.runner.model.model.layers
+    seen: dict[str, list[int]] = {"first": [], "last": []}
+    layers[0].mlp.register_forward_pre_hook(lambda _, args: seen["first"].append(args[0].shape[0]))
+    layers[-1].mlp.register_forward_pre_hook(lambda _, args: seen["last"].append(args[0].shape[0]))
+    ids, _ = max(oracle_cases, key=lambda case: len(case[0]))
+    engine.add_request("a", ids, SamplingParams(max_tokens=2))
+    engine.add_request("b", ids[:50], SamplingParams(max_tokens=2))
+    while engine.has_unfinished():
+        engine.step()
+    assert seen["first"] == [len(ids) + 50, 2] and seen["last"] == [2, 2]

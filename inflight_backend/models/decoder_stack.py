@@ -52,7 +52,8 @@ class DecStep(ctypes.Structure):
 
     _fields_ = [(name, _I32) for name in (  # type: ignore[assignment]
         "num_tokens", "num_seqs", "max_blocks_per_seq", "max_context_len")] + [
-        (name, _PTR) for name in ("cos", "sin", "block_tables", "context_lens", "query_start_loc", "slot_mapping")]
+        (name, _PTR) for name in ("cos", "sin", "block_tables", "context_lens", "query_start_loc", "slot_mapping",
+                                  "rows")] + [("num_rows", _I64)]
 
 
 @lru_cache(maxsize=1)
@@ -108,7 +109,8 @@ class DecoderStack:
         self._workspace = torch.empty(0, dtype=torch.float32)
 
     def __call__(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_caches: list,
-                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+                 meta: AttentionMetadata, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`rows` (int64): the last layer past attention only for these tokens, as DecoderLayer does."""
         if kv_caches is not self._kv_caches:
             self._bind(kv_caches)
         tokens = h.shape[0]
@@ -116,18 +118,21 @@ class DecoderStack:
         if self._workspace.numel() < need:  # kept between steps: a prefill's buffers are not faulted in again
             self._workspace = torch.empty(need, dtype=torch.float32)
         cos, sin = rope
+        if rows is not None and (rows.dtype != torch.int64 or not rows.is_contiguous()):
+            rows = rows.to(torch.int64).contiguous()
         step = DecStep(num_tokens=tokens, num_seqs=len(meta.context_lens),
                        max_blocks_per_seq=meta.block_tables.shape[1], max_context_len=meta.max_context_len,
                        cos=cos.data_ptr(), sin=sin.data_ptr(), block_tables=meta.block_tables.data_ptr(),
                        context_lens=meta.context_lens_tensor.data_ptr(),
                        query_start_loc=meta.query_start_loc_tensor.data_ptr(),
-                       slot_mapping=meta.slot_mapping.data_ptr())
+                       slot_mapping=meta.slot_mapping.data_ptr(),
+                       rows=None if rows is None else rows.data_ptr(), num_rows=0 if rows is None else len(rows))
         residual = torch.empty_like(h)
         status = self._lib.dec_forward_f32(self._stack, step, h.data_ptr(), residual.data_ptr(),
                                            self._workspace.data_ptr(), self._workspace.numel())
         if status != DEC_OK:
             raise RuntimeError(f"native decoder stack failed in its {DEC_ERRORS.get(status, status)} call")
-        return h, residual
+        return (h, residual) if rows is None else (h[:len(rows)], residual[:len(rows)])
 
     def _bind(self, kv_caches: list) -> None:
         k0 = kv_caches[0][0]

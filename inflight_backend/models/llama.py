@@ -206,8 +206,9 @@ class Attention(nn.Module):
         self.qkv_proj = merged_linear(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(self, x, rope, kv_cache, meta: AttentionMetadata):
-        """rope: the step's (cos, sin) tables from Rotary.tables."""
+    def forward(self, x, rope, kv_cache, meta: AttentionMetadata, rows: torch.Tensor | None = None):
+        """rope: the step's (cos, sin) tables from Rotary.tables; `rows`: project only these tokens' outputs
+        (every token's K and V are still written)."""
         num_tokens, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         if self.qkv_proj is not None:
             qkv = self.qkv_proj(x)  # views below: rows of heads * d + 2 * kv_heads * d values
@@ -224,8 +225,8 @@ class Attention(nn.Module):
         q, k = self.rotary(q, k, *rope)
         k_cache, v_cache = kv_cache
         self.backend.write_kv(k_cache, v_cache, k, v, meta)
-        out = self.backend.forward(q, k_cache, v_cache, meta, self.scale, self.window)
-        return self.o_proj(out.reshape(num_tokens, -1))
+        out = self.backend.forward(q, k_cache, v_cache, meta, self.scale, self.window).reshape(num_tokens, -1)
+        return self.o_proj(out if rows is None else out[rows])
 
 
 class MLP(nn.Module):
@@ -279,15 +280,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, h, residual, rope, kv_cache, meta):
+    def forward(self, h, residual, rope, kv_cache, meta, rows: torch.Tensor | None = None):
         """One layer on the residual stream, each residual add fused into the norm after it: `h` is the output
         of the layer before, still to be added to `residual` (at the first layer: the embeddings, and residual
-        None). Returns (this layer's output, residual)."""
+        None). Returns (this layer's output, residual), for `rows` of the tokens only when given."""
         if residual is None:
             residual, h = h, self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(h, rope, kv_cache, meta)
+        h = self.self_attn(h, rope, kv_cache, meta, rows)
+        if rows is not None:
+            residual = residual[rows]
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
@@ -321,12 +324,17 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: (T,); kv_caches: one (k, v) pair per layer -> (num_sampled, vocab) fp32."""
         h = self.model.embed_tokens(input_ids)  # (T, hidden)
         rope = self.model.rotary.tables(positions, h.dtype)
+        # Past the last layer's attention only the sampled rows matter (in a prompt chunk, its last token): the
+        # layer's o projection and MLP run on those alone, a 1/num_layers share of a prefill's work less.
+        rows = sample_indices if sample_indices.shape[0] < input_ids.shape[0] else None
         if self.decoder_stack is not None:  # the same layers in one native call
-            h, residual = self.decoder_stack(h, rope, kv_caches, meta)
+            h, residual = self.decoder_stack(h, rope, kv_caches, meta, rows)
         else:
-            residual = None
-            for layer, kv_cache in zip(self.model.layers, kv_caches):
-                h, residual = layer(h, residual, rope, kv_cache, meta)
+            residual, last = None, len(self.model.layers) - 1
+            for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches)):
+                h, residual = layer(h, residual, rope, kv_cache, meta, rows if i == last else None)
             assert residual is not None  # every model has a layer
-        x, _ = self.model.norm(h[sample_indices], residual[sample_indices])
+        if rows is None:
+            h, residual = h[sample_indices], residual[sample_indices]
+        x, _ = self.model.norm(h, residual)
         return self.lm_head(x).float()

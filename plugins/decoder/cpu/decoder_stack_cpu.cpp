@@ -3,6 +3,8 @@
 //   qkv = n @ Wqkv; rotary on q and k in place; k, v -> the paged cache; a = attention(q)
 //   h = a @ Wo; n = RMSNorm(residual += h); gu = n @ Wgate_up; act = silu(gate) * up; h = act @ Wdown
 // the same kernel calls, arguments and order as models/llama.py's modules with models/cpu_ops.py's fused ops.
+// In the last layer only the step's sampled rows (dec_step.rows) go on past attention: the rest would only feed
+// logits nobody reads (in a prompt chunk, every token but the last).
 #include "decoder_stack.h"
 
 #include <string.h>
@@ -61,6 +63,21 @@ int linear(const float* x, int64_t T, int64_t K, const float* w, const uint16_t*
                                        : sg_gemm_f32(x, T, K, K, w, N, bias, y);
 }
 
+// The last layer's rows: attention outputs `rows` of attn (T, q) into the front of `spent` (the step's qkv rows,
+// read by attention and no longer needed), and the same rows of residual (T, hidden) into its own front, through
+// `scratch` (at least rows x hidden floats) because rows may come in any order. Returns their count, or -1 when a
+// row is out of range.
+int64_t gather_rows(const int64_t* rows, int64_t n, int64_t T, const float* attn, int64_t q, float* spent,
+                    float* residual, int64_t hidden, float* scratch) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0 || rows[i] >= T) return -1;
+    memcpy(spent + i * q, attn + rows[i] * q, sizeof(float) * q);
+    memcpy(scratch + i * hidden, residual + rows[i] * hidden, sizeof(float) * hidden);
+  }
+  memcpy(residual, scratch, sizeof(float) * n * hidden);
+  return n;
+}
+
 }  // namespace
 
 extern "C" int64_t dec_workspace_floats(const dec_stack* s, int64_t num_tokens) {
@@ -98,13 +115,20 @@ extern "C" int dec_forward_f32(const dec_stack* s, const dec_step* st, float* h,
     if (pa_cpu_attention(&p, qkv, L.k_cache, L.v_cache, st->block_tables, st->context_lens, st->query_start_loc,
                          attn))
       return DEC_ERR_ATTENTION;
-    if (linear(attn, T, w.q, L.o, L.o_amx, w.hidden, L.o_bias, h)) return DEC_ERR_GEMM;
-    if (ops_add_rms_norm_f32(residual, h, T, w.hidden, w.hidden, w.hidden, L.post_norm, s->eps, normed))
+    int64_t R = T;  // rows from here on
+    const float* a = attn;
+    if (l == s->num_layers - 1 && st->rows != nullptr && st->num_rows < T) {
+      R = gather_rows(st->rows, st->num_rows, T, attn, w.q, qkv, residual, w.hidden, normed);
+      if (R < 0) return DEC_ERR_SHAPE;
+      a = qkv;
+    }
+    if (linear(a, R, w.q, L.o, L.o_amx, w.hidden, L.o_bias, h)) return DEC_ERR_GEMM;
+    if (ops_add_rms_norm_f32(residual, h, R, w.hidden, w.hidden, w.hidden, L.post_norm, s->eps, normed))
       return DEC_ERR_OPS;
-    if (linear(normed, T, w.hidden, L.gate_up, L.gate_up_amx, 2 * w.inter, L.gate_up_bias, gate_up))
+    if (linear(normed, R, w.hidden, L.gate_up, L.gate_up_amx, 2 * w.inter, L.gate_up_bias, gate_up))
       return DEC_ERR_GEMM;
-    if (ops_silu_mul_f32(gate_up, gate_up + w.inter, T, w.inter, 2 * w.inter, act)) return DEC_ERR_OPS;
-    if (linear(act, T, w.inter, L.down, L.down_amx, w.hidden, L.down_bias, h)) return DEC_ERR_GEMM;
+    if (ops_silu_mul_f32(gate_up, gate_up + w.inter, R, w.inter, 2 * w.inter, act)) return DEC_ERR_OPS;
+    if (linear(act, R, w.inter, L.down, L.down_amx, w.hidden, L.down_bias, h)) return DEC_ERR_GEMM;
   }
   return DEC_OK;
 }

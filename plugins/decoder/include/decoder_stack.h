@@ -57,6 +57,11 @@ typedef struct dec_step {
   const int32_t* context_lens;     // (num_seqs,)
   const int32_t* query_start_loc;  // (num_seqs + 1,)
   const int64_t* slot_mapping;     // (num_tokens,)
+  // The rows whose outputs the caller reads (any order, repeats allowed), or NULL: all of them. With fewer rows
+  // than tokens the last layer runs its o projection and MLP on those rows only (every layer still writes every
+  // token's K and V), and h and residual hold them in their first num_rows rows.
+  const int64_t* rows;
+  int64_t num_rows;
 } dec_step;
 
 // Floats of workspace dec_forward_f32 needs for a step of `num_tokens` tokens.
