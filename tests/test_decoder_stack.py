@@ -110,6 +110,9 @@ def test_shapes_checked_and_a_short_workspace_refused(tiny_model, lib):
     need = lib.dec_workspace_floats(stack._stack, 4)
     assert need > 4 * 128
     assert lib.dec_forward_f32(stack._stack, step, h.data_ptr(), h.data_ptr(), None, need - 1) == 2  # workspace
+    step.num_rows = -1
+    assert lib.dec_forward_f32(stack._stack, step, h.data_ptr(), h.data_ptr(), None, need) == 1  # shape
+    step.num_rows = 0
     bad = decoder_stack.DecStack(num_layers=0, layers=ctypes.cast(None, ctypes.POINTER(decoder_stack.DecLayer)))
     assert lib.dec_forward_f32(bad, step, h.data_ptr(), h.data_ptr(), None, 0) == 1  # shape
 

@@ -86,7 +86,7 @@ extern "C" int64_t dec_workspace_floats(const dec_stack* s, int64_t num_tokens) 
 
 extern "C" int dec_forward_f32(const dec_stack* s, const dec_step* st, float* h, float* residual, float* workspace,
                                int64_t workspace_floats) {
-  if (!valid(*s) || st->num_tokens < 0 || st->num_seqs < 0) return DEC_ERR_SHAPE;
+  if (!valid(*s) || st->num_tokens < 0 || st->num_seqs < 0 || st->num_rows < 0) return DEC_ERR_SHAPE;
   const Widths w(*s);
   const int64_t T = st->num_tokens;
   if (workspace_floats < w.per_token() * T || (T > 0 && workspace == nullptr)) return DEC_ERR_WORKSPACE;
