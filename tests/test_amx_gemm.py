@@ -27,11 +27,12 @@ def relative_error(y: torch.Tensor, reference: torch.Tensor) -> float:
     return ((y.double() - reference).abs().max() / reference.abs().max()).item()
 
 
-# Rows: one, a partial block, exactly one and several blocks; k: a partial k block, one chunk (512) and three;
-# columns: a partial 32-column pair, exact pairs, a partial last pair.
+# Rows: one, a partial block, exactly one and several blocks (300: two passes of row blocks over the weight); k:
+# a partial k block, one chunk (512), two (1,100: 18 and 17 k blocks) and three (2,100: 22, 22, 22); columns: a
+# partial 32-column pair, exact pairs, a partial last pair.
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 31, 64, 300])
-@pytest.mark.parametrize("k, n", [(37, 20), (512, 96), (1100, 200)])
+@pytest.mark.parametrize("k, n", [(37, 20), (512, 96), (1100, 200), (2100, 40)])
 def test_amx_gemm_is_as_accurate_as_fp32(lib, bias, rows, k, n):
     torch.manual_seed(rows * 13 + k + n)
     weight_t, x = torch.randn(k, n) * 0.05, torch.randn(rows, k)
