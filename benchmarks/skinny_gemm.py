@@ -8,14 +8,17 @@ Shapes are the checkpoint's linear layers (q, k/v, o, gate/up, down, LM head). E
 --repeat timings of a loop over the same call, so weights may sit in cache; the end-to-end effect is in
 decode_roofline.py and serve_bench.py (`--linear-backend torch|native`). `--baseline-lib OLD.so`: another build
 of libinflight_sgemm_cpu.so (an older commit's) packs the same weights and is timed beside this one, the two
-alternating call loop by call loop; its columns replace torch's and AMX's. `--chunk-rows A B ...`: this build's
-GEMM walking its panels in chunks of A, B, ... k rows (`skinny_gemm.chunk_rows`; the first is the baseline of the
-ratios), with each layer's weights read from memory as in a model's step: a ring of copies of the layer, more than
-`--ring-mb` in all, each call taking the next copy, the chunk sizes alternating ring pass by ring pass.
+alternating call loop by call loop, each calling the GEMM the engine takes at that row count (the AMX GEMM from its
+row threshold on, where both builds have it; else the packed GEMM); its columns replace torch's and AMX's.
+`--chunk-rows A B ...`: this build's GEMM walking its panels in chunks of A, B, ... k rows (`skinny_gemm.chunk_rows`;
+the first is the baseline of the ratios), with each layer's weights read from memory as in a model's step: a ring of
+copies of the layer, more than `--ring-mb` in all, each call taking the next copy, the chunk sizes alternating ring
+pass by ring pass.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -50,25 +53,35 @@ def layer_shapes(checkpoint: str) -> dict[str, tuple[int, int]]:
 
 
 def compare_builds(lib, args) -> None:
-    """The packed GEMM of this build and of `args.baseline_lib` on the same weights and inputs, alternating."""
+    """The GEMM the engine calls at each row count (the AMX GEMM from its threshold on, where both builds can run
+    it; else the packed GEMM) of this build and of `args.baseline_lib`, same weights and inputs, alternating."""
     old = skinny_gemm.load_library(args.baseline_lib.resolve())
     if old is None:
         raise SystemExit(f"{args.baseline_lib} is missing or was built without AVX-512 or AVX2+FMA")
-    print(f"{torch.get_num_threads()} threads; best of {args.repeat}; ms per call; baseline {args.baseline_lib}")
-    print("| layer (K x N) | rows | baseline | this build | GFLOP/s | this / baseline |\n"
-          "|---|---:|---:|---:|---:|---:|")
+    amx = skinny_gemm.amx_available(lib) and skinny_gemm.amx_available(old)
+    print(f"{torch.get_num_threads()} threads; best of {args.repeat}; ms per call; baseline {args.baseline_lib}; "
+          + (f"the AMX GEMM from {skinny_gemm.amx_min_rows(lib)} rows" if amx else "no AMX GEMM"))
+    print("| layer (K x N) | rows | GEMM | baseline | this build | GFLOP/s | this / baseline |\n"
+          "|---|---:|---|---:|---:|---:|---:|")
     for name, (k, n) in layer_shapes(args.checkpoint).items():
         weight_t = torch.randn(k, n)
-        packed, old_packed = skinny_gemm.pack(lib, weight_t), skinny_gemm.pack(old, weight_t)
+        forms = {}  # library -> (packed GEMM's panels, AMX pieces or None)
+        for library in (old, lib):
+            forms[library] = (skinny_gemm.pack(library, weight_t),
+                              skinny_gemm.amx_pack(library, weight_t) if amx else None)
         for rows in args.rows:
             x = torch.randn(rows, k)
-            torch.testing.assert_close(skinny_gemm.gemm(lib, x, packed, n, None), x @ weight_t, atol=1e-3, rtol=1e-4)
-            torch.testing.assert_close(skinny_gemm.gemm(old, x, old_packed, n, None), x @ weight_t, atol=1e-3,
-                                       rtol=1e-4)
-            before, now = best_ms(lambda: skinny_gemm.gemm(old, x, old_packed, n, None),
-                                  lambda: skinny_gemm.gemm(lib, x, packed, n, None), repeat=args.repeat)
-            print(f"| {name} ({k} x {n}) | {rows} | {before:.3f} | {now:.3f} | {2 * rows * k * n / now / 1e6:.0f} | "
-                  f"{now / before:.3f} |", flush=True)
+            tiles = amx and rows >= skinny_gemm.amx_min_rows(lib)
+            calls = []
+            for library in (old, lib):
+                packed, pieces = forms[library]
+                call = (functools.partial(skinny_gemm.amx_gemm, library, x, pieces, n, None) if tiles
+                        else functools.partial(skinny_gemm.gemm, library, x, packed, n, None))
+                torch.testing.assert_close(call(), x @ weight_t, atol=1e-3, rtol=1e-4)
+                calls.append(call)
+            before, now = best_ms(*calls, repeat=args.repeat)
+            print(f"| {name} ({k} x {n}) | {rows} | {'AMX' if tiles else 'packed'} | {before:.3f} | {now:.3f} | "
+                  f"{2 * rows * k * n / now / 1e6:.0f} | {now / before:.3f} |", flush=True)
 
 
 def ring_walk(lib, ring: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, chunk: int):

@@ -210,6 +210,27 @@ def test_attention_prefill_table_runs_the_given_heads_beside_a_baseline(capsys):
     assert shapes and set(shapes) == {((8, 16, 64), (4, 64))}  # 8 queries of 16 heads over 4 KV heads
 
 
+def test_skinny_gemm_builds_comparison_times_the_gemm_the_engine_calls(tiny_model, capsys):
+    """`skinny_gemm.py --baseline-lib`: below the AMX row threshold both builds' packed GEMM, from it (where the
+    processor has AMX) their AMX GEMM; each checked against torch before it is timed."""
+    from benchmarks import skinny_gemm as bench
+    from inflight_backend.models import skinny_gemm
+
+    lib = skinny_gemm.load_library()
+    if lib is None:
+        pytest.fail("build/lib/libinflight_sgemm_cpu.so is missing: run `make native`")
+    path = skinny_gemm.LIB_DIR / "libinflight_sgemm_cpu.so"
+    rows = [1, skinny_gemm.amx_min_rows(lib)]
+    args = argparse.Namespace(checkpoint=tiny_model, rows=rows, repeat=1, baseline_lib=path)
+    bench.compare_builds(lib, args)
+    lines = capsys.readouterr().out.strip().splitlines()
+    table = [line.strip("|").split("|") for line in lines[3:]]
+    assert len(table) == 5 * len(rows)  # q/o, k/v, gate/up, down, LM head
+    expected = ["packed", "AMX" if skinny_gemm.amx_available(lib) else "packed"] * 5
+    assert [cells[2].strip() for cells in table] == expected
+    assert [int(cells[1]) for cells in table] == rows * 5
+
+
 def test_admission_order_benchmark_admits_the_longest_output_first_when_asked(tiny_model):
     """benchmarks/admission_order.py compares first come first served with longest output first through request
     priorities; one sequence at a time, each order shows in the order requests finish."""
