@@ -88,6 +88,11 @@ SG_AMX_TARGET inline __m512i round_bf16(__m512 v) {
   return _mm512_and_si512(b, _mm512_set1_epi32((int)0xffff0000u));
 }
 
+// The mask of a 16-lane vector's first n lanes (n may be <= 0 or > 16).
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
 // Split 32 floats (v0, then v1) into their hi, mid and lo bf16 pieces: one 64-byte tile row each.
 SG_AMX_TARGET inline void split32(__m512 v0, __m512 v1, uint16_t* hi, uint16_t* mid, uint16_t* lo) {
   // The upper 16 bits of each of v0's 16 lanes, then of v1's.
@@ -110,10 +115,7 @@ SG_AMX_TARGET void split_x(const float* x, int64_t M, int64_t K, int64_t ldx, in
 #pragma omp parallel for schedule(static)
   for (int64_t task = 0; task < Mp / kBlock * KB; ++task) {
     const int64_t mb = task / KB, k = task % KB * kK, left = K - k;
-    const auto mask = [](int64_t n) {
-      return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
-    };
-    const __mmask16 m0 = mask(left), m1 = mask(left - 16);
+    const __mmask16 m0 = first_lanes(left), m1 = first_lanes(left - 16);
     uint16_t* dst = pieces + task * kBlockTiles * kTile;
     for (int64_t r = 0; r < kBlock; ++r) {
       const int64_t row = mb * kBlock + r;
@@ -187,8 +189,7 @@ SG_AMX_TARGET inline void finish(const float* c, int64_t ldc, int64_t rows, int6
                                  float* y, int64_t ldy) {
   rows = rows < kBlock ? rows : kBlock;
   cols = cols < kBlock ? cols : kBlock;
-  const __mmask16 masks[2] = {(__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1),
-                              (__mmask16)(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1)};
+  const __mmask16 masks[2] = {first_lanes(cols), first_lanes(cols - 16)};
   for (int64_t r = 0; r < rows; ++r)
     for (int h = 0; h < 2; ++h) {
       const __m512 b = bias ? _mm512_maskz_loadu_ps(masks[h], bias + 16 * h) : _mm512_setzero_ps();
