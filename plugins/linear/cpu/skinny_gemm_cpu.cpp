@@ -2,7 +2,8 @@
 // within a tile, the packed (K x SG_TILE) panel is walked in chunks of sg_chunk_rows() rows that stay in cache
 // (L1 or L2, below) while every block of up to 6 rows of x runs over them with 6 x 4 accumulators in registers
 // (partial sums live in y).
-// Built for AVX2+FMA without AVX-512, the same walk runs on quarter tiles (below).
+// Built for AVX2+FMA without AVX-512, the walk takes quarter tiles (parts) one at a time, each stored contiguously
+// (below).
 #include "skinny_gemm.h"
 
 #include <omp.h>
@@ -13,19 +14,35 @@
 
 #include "claimed_ranges.h"
 
+namespace {
+// Columns a panel stores side by side: the whole tile where AVX-512 walks it (a k row of the tile, 256 bytes, is
+// 4 vectors), one 16-column part of it on AVX2 builds, whose walk takes a tile part by part: there a tile's 4
+// parts are stored one after the other, each K x 16. (With the tile's rows 256 bytes apart a part's rows are
+// 256 bytes apart too: on a Zen 3 EPYC a 6 x 16 block loop over such rows ran at 0.88-0.91x of the same loop over
+// contiguous ones, and the 2048^3 GEMM at 157-161 GFLOP/s against 170-174 stored this way. Parts contiguous only
+// within blocks of 128 k rows did not gain.)
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kPacked = 16;
+#else
+constexpr int64_t kPacked = SG_TILE;
+#endif
+}  // namespace
+
 extern "C" int64_t sg_packed_size(int64_t K, int64_t N) { return (N + SG_TILE - 1) / SG_TILE * K * SG_TILE; }
 
 extern "C" int sg_pack_f32(const float* w, int64_t K, int64_t N, float* packed) {
   if (K <= 0 || N <= 0) return SG_ERR_SHAPE;
   const int64_t tiles = (N + SG_TILE - 1) / SG_TILE;
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t n0 = t * SG_TILE, width = N - n0 < SG_TILE ? N - n0 : SG_TILE;
-    for (int64_t k = 0; k < K; ++k) {
-      float* dst = packed + (t * K + k) * SG_TILE;
-      memcpy(dst, w + k * N + n0, width * sizeof(float));
-      memset(dst + width, 0, (SG_TILE - width) * sizeof(float));
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t part = 0; part < SG_TILE / kPacked; ++part) {
+      const int64_t n0 = t * SG_TILE + part * kPacked;
+      const int64_t width = N - n0 >= kPacked ? kPacked : N - n0 > 0 ? N - n0 : 0;
+      for (int64_t k = 0; k < K; ++k) {
+        float* dst = packed + t * K * SG_TILE + (part * K + k) * kPacked;
+        if (width > 0) memcpy(dst, w + k * N + n0, width * sizeof(float));
+        memset(dst + width, 0, (kPacked - width) * sizeof(float));
+      }
     }
-  }
   return SG_OK;
 }
 
@@ -64,10 +81,15 @@ struct NextChunk {
   int per = 1, shift = 0;
   NextChunk(const float* panel, int64_t k0, int64_t kc, int64_t K, int64_t t, int64_t tiles, int64_t chunk,
             int64_t passes)
-      : start(reinterpret_cast<const char*>(panel + (k0 + kc) * SG_TILE)) {
-    const int64_t rows = k0 + kc < K ? (K - k0 - kc < chunk ? K - k0 - kc : chunk)
-                         : t + 1 < tiles ? (K < chunk ? K : chunk) : 0;
-    lines = rows * SG_TILE * (int64_t)sizeof(float) / 64;
+      : NextChunk(panel + (k0 + kc) * SG_TILE,
+                  k0 + kc < K   ? (K - k0 - kc < chunk ? K - k0 - kc : chunk)
+                  : t + 1 < tiles ? (K < chunk ? K : chunk)
+                                  : 0,
+                  SG_TILE, passes, kc) {}
+  // Any `rows` rows of `width` floats from `first`, spread over `passes` passes of kc k rows.
+  NextChunk(const float* first, int64_t rows, int64_t width, int64_t passes, int64_t kc)
+      : start(reinterpret_cast<const char*>(first)) {
+    lines = rows * width * (int64_t)sizeof(float) / 64;
     const int64_t steps = passes * kc;  // k rows walked over the chunk, all passes together
     if (lines >= steps) per = (int)((lines + steps - 1) / steps);
     else if (lines > 0) while ((steps >> (shift + 1)) >= lines) ++shift;
@@ -84,17 +106,21 @@ struct NextChunk {
 // storing them, and the next chunk is prefetched while this one is used. With AVX-512 the choice follows the L1
 // data cache: 48 KB or more (Intel since Ice Lake, Zen 5) holds a 128-row chunk (32 KB) beside x's rows, and
 // there 1,024-row chunks ran 1.02-1.31x longer on the large bench model's layers at 1-32 rows with the weights
-// read from memory (an Intel Xeon with AMX; `benchmarks/skinny_gemm.py --chunk-rows`; 64-256 within 5% of 128). With a 32 KB L1 (Zen 4) the 128-row chunk
-// does not stay in it, and 1,024 rows (256 KB, held in L2) amortise the passes' loads and stores: there 128 ran
-// 1.06-1.10x longer at 32-2,048 rows, 1.04-1.09x at 8 (256 and 512 in between, 2,048 and 4,096 as 1,024). The
-// AVX2 walk takes 128 (a part's 8 KB stays in L1; 64: each pass's accumulator loads and stores cost 4-5% at 32
-// rows; 1,024 on the Zen 4 EPYC: 0.94-1.09x, mixed).
+// read from memory (an Intel Xeon with AMX; `benchmarks/skinny_gemm.py --chunk-rows`; 64-256 within 5% of 128).
+// With a 32 KB L1 (Zen 4) the 128-row chunk does not stay in it, and 1,024 rows (256 KB, held in L2) amortise the
+// passes' loads and stores: there 128 ran 1.06-1.10x longer at 32-2,048 rows, 1.04-1.09x at 8 (256 and 512 in
+// between, 2,048 and 4,096 as 1,024). The AVX2 walk takes 1,024 since its parts are stored contiguously (kPacked:
+// a part's 1,024 rows, 64 KB, held in L2): on a Zen 3 EPYC a 1024 x 1024 layer at 2,048 rows ran at 187-188
+// GFLOP/s in 1,024-row chunks, 178-181 in 256, 164-170 in 128 (a 1024 x 2752 one at 32 rows: 177-185, 175-177,
+// 167-171), and the large bench model's decode steps at 1-32 rows from memory were no longer; before, with a
+// tile's rows together, 128 (64: each pass's accumulator loads and stores cost 4-5% at 32 rows; 1,024 on a Zen 4
+// EPYC: 0.94-1.09x, mixed).
 int64_t default_chunk_rows() {
 #if defined(__AVX512F__)
   const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
   return l1 >= 48 * 1024 ? 128 : 1024;
 #else
-  return 128;
+  return 1024;
 #endif
 }
 
@@ -195,19 +221,20 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
 
 // AVX2: 16 vector registers of 8 floats. A tile's 64 columns go in four parts of 16 (2 vectors), each with
 // blocks of up to 6 rows: 6 x 2 accumulators, one broadcast of x and 2 weight vectors at a time fill the
-// register file, and each k row costs 8 loads for 12 FMAs (the FMA units, not the loads, set the pace). All
-// four parts run over a chunk of the panel while it is in L1.
+// register file, and each k row costs 8 loads for 12 FMAs (the FMA units, not the loads, set the pace). A part's
+// row blocks all run over a chunk of its K rows while it is in cache (L2 at the default 1,024 rows), then over the
+// next chunk.
 namespace {
 
 constexpr int kRows = 6;
 constexpr int kPart = 16;
 constexpr int64_t kSlab = 96;
 
-// Columns [c0, c0 + width) (width <= kPart) of rows [0, R) of y, over the panel's k rows [k0, k0 + kc); `panel`
-// points at this part's first column. First chunk: start from bias or zero; else from y. A partial part (the
-// last tile's, Full false) loads and stores through lane masks, so the accumulators never leave the registers;
-// full parts use plain loads and stores (a masked store is microcoded on AMD's Zen cores: with masks on every
-// part, a 1024 x 1024 layer at 32 rows took 0.72 ms, against 0.42 ms).
+// Columns [c0, c0 + width) (width <= kPart) of rows [0, R) of y, over k rows [k0, k0 + kc) of this part's
+// panel (`panel`: its K rows of kPart floats, sg_pack_f32). First chunk: start from bias or zero; else from y. A
+// partial part (the last tile's, Full false) loads and stores through lane masks, so the accumulators never leave
+// the registers; full parts use plain loads and stores (a masked store is microcoded on AMD's Zen cores: with
+// masks on every part, a 1024 x 1024 layer at 32 rows took 0.72 ms, against 0.42 ms).
 template <int R, bool Full>
 void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t kc, int64_t N, int64_t c0,
                int width, const float* bias, bool first, float* y, Prefetch pf) {
@@ -228,9 +255,9 @@ void row_block(const float* x, int64_t ldx, const float* panel, int64_t k0, int6
       acc[i][1] = _mm256_maskload_ps(src + c0 + 8, m1);
     }
   }
-  panel += k0 * SG_TILE;
+  panel += k0 * kPart;
   x += k0;
-  for (int64_t k = 0; k < kc; ++k, panel += SG_TILE) {
+  for (int64_t k = 0; k < kc; ++k, panel += kPart) {
     if (pf.due(k)) {
       const char* line = pf.line(k);
       for (int j = 0; j < pf.per; ++j) _mm_prefetch(line + 64 * j, _MM_HINT_T1);
@@ -285,19 +312,28 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
     for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;) {
       const float* panel = packed + t * K * SG_TILE;
       const RowSplit split(s1 - s0, kRows);
-      for (int64_t k0 = 0; k0 < K; k0 += chunk) {
-        const int64_t kc = K - k0 < chunk ? K - k0 : chunk;
-        // As the AVX-512 walk: the next chunk of weights is fetched into L2 over every (part, row block) pass.
-        const NextChunk next(panel, k0, kc, K, t, tiles, chunk, SG_TILE / kPart * split.blocks);
-        int64_t pass = 0;
-        for (int part = 0; part < SG_TILE / kPart; ++part) {
-          const int64_t c0 = t * SG_TILE + part * kPart;
-          if (c0 >= N) break;
-          const int width = N - c0 >= kPart ? kPart : (int)(N - c0);
+      const int64_t left = (N - t * SG_TILE + kPart - 1) / kPart;  // parts of this tile holding columns
+      const int parts = (int)(left < SG_TILE / kPart ? left : SG_TILE / kPart);
+      for (int part = 0; part < parts; ++part) {
+        const int64_t c0 = t * SG_TILE + part * kPart;
+        const int width = N - c0 >= kPart ? kPart : (int)(N - c0);
+        const float* rows_p = panel + part * K * kPart;  // this part's K rows, contiguous
+        for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+          const int64_t kc = K - k0 < chunk ? K - k0 : chunk;
+          // As the AVX-512 walk, weights walked later are fetched into L2 over this chunk's row block passes, as
+          // far ahead in bytes: the part-by-part walk reads the panels in memory order (this part's rows, the
+          // next part's, the next tile's), so that is a chunk of rows (16 floats each) starting three chunks
+          // past this one's end. (With 128-row chunks, fetching the next chunk, a quarter as far ahead, made the
+          // large model's decode steps at 8 rows, which stream the weights, 1.06-1.11x longer; from 3 chunks
+          // past, the same as before.)
+          const int64_t lead = (SG_TILE / kPart - 1) * chunk;
+          const int64_t from = t * K * SG_TILE + (part * K + k0 + kc + lead) * kPart, end = tiles * K * SG_TILE;
+          const int64_t ahead = from < end ? ((end - from) / kPart < chunk ? (end - from) / kPart : chunk) : 0;
+          const NextChunk next(packed + (from < end ? from : 0), ahead, kPart, split.blocks, kc);
           for (int64_t b = 0, m0 = s0; b < split.blocks; ++b) {
             const int rows = split.rows(b);
-            kRowBlocks[width == kPart][rows](x + m0 * ldx, ldx, panel + part * kPart, k0, kc, N, c0, width, bias,
-                                             k0 == 0, y + m0 * N, next.pass(pass++, kc));
+            kRowBlocks[width == kPart][rows](x + m0 * ldx, ldx, rows_p, k0, kc, N, c0, width, bias, k0 == 0,
+                                             y + m0 * N, next.pass(b, kc));
             m0 += rows;
           }
         }
