@@ -228,6 +228,7 @@ namespace {
 
 constexpr int kRows = 6;
 constexpr int kPart = 16;
+static_assert(kPart == kPacked, "the walk takes a tile's parts as sg_pack_f32 stores them");
 constexpr int64_t kSlab = 96;
 
 // Columns [c0, c0 + width) (width <= kPart) of rows [0, R) of y, over k rows [k0, k0 + kc) of this part's
