@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/decode_roofline.py --checkpoint build/models/bench-medium [--batches 1 2 4 8 16 32]
                                                    [--dtype float32|bfloat16] [--linear-backend auto|native|torch]
                                                    [--steps 30] [--repeat 3] [--profile]
+                                                   [--greedy-screen auto|on|off]
 
 Every decode step reads every weight except the embedding table (gathered, not streamed) and does 2 FLOPs per
 weight per sequence. The floor of a step is the larger of: those bytes over the read bandwidth measured here
@@ -43,7 +44,8 @@ from inflight_backend.models import skinny_gemm  # noqa: E402
 def streamed_bytes(engine: InflightEngine) -> int:
     model = engine.runner.model
     # Not streamed: the embedding table (gathered) and the AMX form of the weights (decode steps have fewer rows
-    # than amx_min_rows, so they read the fp32 panels).
+    # than amx_min_rows, so they read the fp32 panels). The LM head counts as fp32 even where a greedy screen
+    # (models/greedy_screen.py, not a parameter) reads its bf16 copy instead: the floor is the fp32 model's.
     skipped = {id(model.model.embed_tokens.weight)} | {id(m.amx_packed) for m in model.modules()
                                                        if getattr(m, "amx_packed", None) is not None}
     return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skipped)  # packing pads
@@ -172,6 +174,9 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--linear-backend", default="auto", choices=["auto", "native", "torch"])
+    parser.add_argument("--greedy-screen", default="auto", choices=["auto", "on", "off"],
+                        help="the LM head of these greedy steps through its bf16 screen (greedy_screen); the floors "
+                             "stay the fp32 head's")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--context", type=int, default=64, help="prompt tokens of every sequence")
@@ -182,7 +187,7 @@ def main(argv=None) -> None:
     engine = InflightEngine(EngineConfig(checkpoint=args.checkpoint, dtype=args.dtype, max_batch_size=most,
                                          max_num_tokens=max(2048, args.context * most),
                                          num_kv_blocks=max(512, most * (per_seq // 16 + 1)),
-                                         linear_backend=args.linear_backend))
+                                         linear_backend=args.linear_backend, greedy_screen=args.greedy_screen))
     weights = streamed_bytes(engine)
     cfg = engine.runner.model.config  # K and V of one token in every layer:
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * engine.runner.dtype.itemsize

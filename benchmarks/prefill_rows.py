@@ -24,7 +24,7 @@ from inflight_backend.engine import InflightEngine  # noqa: E402
 from inflight_backend.request import SamplingParams  # noqa: E402
 
 
-def all_rows_forward(self, input_ids, positions, kv_caches, meta, sample_indices):
+def all_rows_forward(self, input_ids, positions, kv_caches, meta, sample_indices, screen=False):
     """The forward before sampled rows: every row through the last layer, then the sampled ones gathered."""
     h = self.model.embed_tokens(input_ids)
     rope = self.model.rotary.tables(positions, h.dtype)
@@ -35,6 +35,8 @@ def all_rows_forward(self, input_ids, positions, kv_caches, meta, sample_indices
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             h, residual = layer(h, residual, rope, kv_cache, meta)
     x, _ = self.model.norm(h[sample_indices], residual[sample_indices])
+    if screen and self.greedy_screen is not None:
+        return self.greedy_screen.screen(x)
     return self.lm_head(x).float()
 
 

@@ -7,7 +7,7 @@
 Targets: `engine:POLICY[+chunked][+noreuse]` (in-process), `triton:POLICY[+chunked][+noreuse]` (a real
 tritonserver, gRPC streaming); `+noreuse` turns prefix caching (`enable_kv_cache_reuse`) off, `+cacheaware`
 admits longest cached prefix first (`cache_aware_admission_ms` 1000), `+noamx` keeps prefill GEMMs off AMX
-(`amx_gemm: off`);
+(`amx_gemm: off`), `+noscreen` computes every LM head in fp32 (`greedy_screen: off`);
 `+chunkedN` sets that target's token budget to N instead of --chunked-max-num-tokens, `+chunkedNcapC` also caps
 one request's prompt tokens per step at C (`max_chunk_tokens`); `+stepMS` (with `+chunked...`, whose budget is then
 the ceiling) sizes each step's budget to run in MS milliseconds (`step_time_target_ms`);
@@ -55,7 +55,8 @@ def make_target(spec: str, args, workdir: Path):
         cls = {"static": T.HFStaticTarget, "batch": T.HFContinuousTarget}[policy]
         return cls(args.checkpoint, args.max_batch_size, args.dtype)
     name, *flags = policy.split("+")
-    unknown = [f for f in flags if f not in ("noreuse", "cacheaware", "noamx") and not f.startswith("chunked")
+    unknown = [f for f in flags if f not in ("noreuse", "cacheaware", "noamx", "noscreen")
+               and not f.startswith("chunked")
                and not (f.startswith("step") and f[4:].isdigit())]
     if unknown:
         raise SystemExit(f"unknown target suffix(es) {unknown}")
@@ -67,6 +68,7 @@ def make_target(spec: str, args, workdir: Path):
                   max_num_tokens=budget, max_chunk_tokens=cap, block_size=args.block_size,
                   num_kv_blocks=args.num_kv_blocks, max_queue_delay_ms=args.max_queue_delay_ms, dtype=args.dtype,
                   linear_backend=args.linear_backend, amx_gemm="off" if "noamx" in flags else "auto",
+                  greedy_screen="off" if "noscreen" in flags else "auto",
                   enable_kv_cache_reuse=reuse,
                   cache_aware_admission_ms=1000.0 if "cacheaware" in flags else 0.0, step_time_target_ms=step_ms)
     if system == "engine":

@@ -11,6 +11,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "native", "torch")
 LINEAR_BACKENDS = ("auto", "native", "torch")
 AMX_GEMM = ("auto", "on", "off")
+GREEDY_SCREEN = ("auto", "on", "off")
 BATCHING_POLICIES = ("static", "prefill_first", "fused")
 CAPACITY_POLICIES = ("guaranteed_no_evict", "max_utilization")
 
@@ -30,6 +31,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # native kernels when built, else the torch reference
     linear_backend: str = "auto"  # CPU linear layers: native skinny GEMM (fp32, AVX-512 or AVX2) when built, else torch
     amx_gemm: str = "auto"  # native layout: prefill-sized GEMMs through AMX (bf16x6, fp32 accuracy) where available
+    greedy_screen: str = "auto"  # native layout: all-greedy steps' LM head screened in bf16, then exact (AVX512-BF16)
     block_size: int = 16
     num_kv_blocks: int = 512  # KV pool size in blocks; 0 sizes it to fit every sequence at full context
     max_batch_size: int = 64  # running sequences per iteration
@@ -65,6 +67,8 @@ class EngineConfig:
         _check(self.linear_backend in LINEAR_BACKENDS,
                f"linear_backend must be one of {LINEAR_BACKENDS}, got {self.linear_backend!r}")
         _check(self.amx_gemm in AMX_GEMM, f"amx_gemm must be one of {AMX_GEMM}, got {self.amx_gemm!r}")
+        _check(self.greedy_screen in GREEDY_SCREEN,
+               f"greedy_screen must be one of {GREEDY_SCREEN}, got {self.greedy_screen!r}")
         _check(1 <= self.block_size <= 1024, f"block_size must be in [1, 1024], got {self.block_size}")
         _check(self.num_kv_blocks >= 0, f"num_kv_blocks must be >= 0, got {self.num_kv_blocks}")
         _check(self.max_batch_size >= 1, f"max_batch_size must be >= 1, got {self.max_batch_size}")

@@ -87,6 +87,7 @@ class InflightEngine:
         self._unsent: dict[str, int] = {}  # requests that cut stop strings: how much of their text went out
         self._hold: dict[str, int] = {}  # and how many characters they hold back (the longest stop string's, -1)
         self._num_raw_logits = 0  # open requests that need their rows' logits before the rules change them
+        self._num_all_logits = 0  # open requests whose steps need every logit exact (not a greedy screen's)
         self._seeds = itertools.count(config.seed * 1_000_003)
 
     @property
@@ -173,6 +174,7 @@ class InflightEngine:
             request.arrival_time = arrival_time
         self._requests[req_id] = request
         self._num_raw_logits += params.needs_raw_logits
+        self._num_all_logits += params.needs_all_logits
         self._detokenizers[req_id] = (
             IncrementalDetokenizer(self.tokenizer, self._special_ids, prompt_ids, self._byte_ids)
             if params.detokenize or params.stop_words else NoText())
@@ -197,11 +199,11 @@ class InflightEngine:
         scheduled = modelled = time.perf_counter()
         outputs: list[RequestOutput] = []
         if not sched.is_empty:
+            screened = self.runner.screens_greedy and not self._num_all_logits
             try:
-                logits = self.runner.execute(sched)
+                logits = self.runner.execute(sched, greedy_only=True) if screened else self.runner.execute(sched)
             except Exception as exc:  # the model failed: end this step's requests; the waiting ones go on
-                message = f"engine step failed: {type(exc).__name__}: {exc}"
-                return [self.fail(item.request, message) for item in sched.scheduled]
+                return self._fail_step(sched, exc)
             modelled = time.perf_counter()
             sampled = [item.request for item in sched.scheduled if item.sample]
             if logits.shape[0] > len(sampled):
@@ -211,6 +213,11 @@ class InflightEngine:
             raw = {row: logits[row].float().clone() for row, p in enumerate(params) if p.needs_raw_logits} \
                 if self._num_raw_logits else None
             apply_logit_rules(logits, sampled, self.eos_ids)
+            if screened:
+                try:
+                    self.runner.refine_greedy(logits)
+                except Exception as exc:
+                    return self._fail_step(sched, exc)
             token_ids, failed = self.sampler.sample(logits, [r.req_id for r in sampled], params)
             now = time.monotonic()
             bad = {sampled[row].req_id: why for row, why in failed.items()} if failed else None
@@ -229,6 +236,10 @@ class InflightEngine:
         self.scheduler.step_took(sched, end - start)
         self.stats.record(sched, self.scheduler, (start, scheduled, modelled, end))
         return outputs
+
+    def _fail_step(self, sched, exc: Exception) -> list[RequestOutput]:
+        message = f"engine step failed: {type(exc).__name__}: {exc}"
+        return [self.fail(item.request, message) for item in sched.scheduled]
 
     def fail(self, request: Request, message: str) -> RequestOutput:
         """End one request with an error between steps; its blocks are freed."""
@@ -325,6 +336,7 @@ class InflightEngine:
         self.sampler.forget(request.req_id)
         del self._requests[request.req_id]
         self._num_raw_logits -= request.params.needs_raw_logits
+        self._num_all_logits -= request.params.needs_all_logits
         detokenizer = self._detokenizers.pop(request.req_id)
         self._hold.pop(request.req_id, None)
         self._context_logits.pop(request.req_id, None)
@@ -356,4 +368,5 @@ def _make_runner(config: EngineConfig, num_blocks: int, model: LlamaConfig) -> M
     device = config.resolved_device()
     dtype = config.dtype if config.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     return TorchRunner(config.checkpoint, num_blocks, config.block_size, device, dtype, config.attention_backend,
-                       config.linear_backend, config.amx_gemm, config.cuda_graphs, config.max_batch_size)
+                       config.linear_backend, config.amx_gemm, config.cuda_graphs, config.max_batch_size,
+                       config.greedy_screen)

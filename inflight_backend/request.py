@@ -73,6 +73,12 @@ class SamplingParams:
         return self.logprobs is not None or self.return_generation_logits
 
     @property
+    def needs_all_logits(self) -> bool:
+        """Whether a step with this request must compute every logit exactly (else an argmax's are enough: a
+        greedy screen may approximate the rest, models/greedy_screen.py)."""
+        return not self.greedy or self.penalized or self.needs_raw_logits or self.return_context_logits
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 

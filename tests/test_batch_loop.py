@@ -105,10 +105,10 @@ def test_stop_is_bounded_and_nothing_is_emitted_after_it(tiny_model):
     release, entered = threading.Event(), threading.Event()
     execute = engine.runner.execute
 
-    def hangs(sched):
+    def hangs(sched, **kw):
         entered.set()
         release.wait(60)
-        return execute(sched)
+        return execute(sched, **kw)
 
     engine.runner.execute = hangs
     sink = Collector(expected=1)

@@ -295,10 +295,10 @@ def test_prefill_rows_baseline_is_the_forward_on_every_row(tiny_model, monkeypat
     model, execute, logits = engine.runner.model, engine.runner.execute, []
     baseline = types.MethodType(prefill_rows.all_rows_forward, model)
 
-    def both(output):
-        default = execute(output)
+    def both(output, **kw):
+        default = execute(output, **kw)
         model.forward, saved = baseline, model.forward
-        logits.append((default.clone(), execute(output)))
+        logits.append((default.clone(), execute(output, **kw)))
         model.forward = saved
         return default
 

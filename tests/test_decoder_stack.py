@@ -37,12 +37,12 @@ def run_both_ways(engine, cases):
     runner, model = engine.runner, engine.runner.model
     stack, execute, pairs, tokens = model.decoder_stack, runner.execute, [], [0]
 
-    def both(output):
+    def both(output, **kw):
         tokens[0] = max(tokens[0], sum(item.num_tokens for item in output.scheduled))
         model.decoder_stack = None
-        modules = execute(output).clone()
+        modules = execute(output, **kw).clone()
         model.decoder_stack = stack
-        native = execute(output)
+        native = execute(output, **kw)
         pairs.append((native.clone(), modules))
         return native
 

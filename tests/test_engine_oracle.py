@@ -49,7 +49,8 @@ def test_reused_activation_buffers_change_no_token(setup, oracle_cases, monkeypa
     from inflight_backend.models import activation_pool
     monkeypatch.setattr(activation_pool, "REUSE_BYTES", 0)
     path, expected = setup
-    engine = InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=256, max_batch_size=8, max_num_tokens=512))
+    engine = InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=256, max_batch_size=8, max_num_tokens=512,
+                                         greedy_screen="off"))  # (the LM head is the stack's one pooled GEMM)
     layer = engine.runner.model.model.layers[0].mlp.down_proj
     if not hasattr(layer, "_pool"):
         pytest.skip("the native skinny GEMM is not built for this processor: no PackedLinear, no pool")
@@ -66,8 +67,8 @@ def test_chunked_prefill_under_a_chunk_cap_matches_transformers(setup, oracle_ca
     engine = InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=256, max_batch_size=8, max_num_tokens=40,
                                          enable_chunked_prefill=True, max_chunk_tokens=13))
     chunks, execute = [], engine.runner.execute
-    engine.runner.execute = lambda out: chunks.extend(i.num_tokens for i in out.scheduled if not i.is_decode) or \
-        execute(out)
+    engine.runner.execute = lambda out, **kw: chunks.extend(i.num_tokens for i in out.scheduled if not i.is_decode) \
+        or execute(out, **kw)
     got, _ = run(engine, oracle_cases, arrive_at_step=[2 * i for i in range(len(oracle_cases))])
     assert got == expected
     assert max(chunks) == 13 and engine.blocks.num_free_blocks == engine.blocks.num_blocks
@@ -80,8 +81,8 @@ def test_a_step_time_target_sizes_chunks_and_matches_transformers(setup, oracle_
     engine = InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=256, block_size=16, max_batch_size=8,
                                          max_num_tokens=512, enable_chunked_prefill=True, step_time_target_ms=0.001))
     budgets, execute = [], engine.runner.execute
-    engine.runner.execute = lambda out: budgets.append((engine.scheduler.token_budget, out.num_tokens)) or \
-        execute(out)
+    engine.runner.execute = lambda out, **kw: budgets.append((engine.scheduler.token_budget, out.num_tokens)) or \
+        execute(out, **kw)
     got, _ = run(engine, oracle_cases, arrive_at_step=[2 * i for i in range(len(oracle_cases))])
     assert got == expected
     learnt = [(budget, tokens) for budget, tokens in budgets if budget < 512]

@@ -6,19 +6,28 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_ops, decoder_stack
+from . import cpu_ops, decoder_stack, skinny_gemm
+from . import greedy_screen as greedy_screen_module
 from .cpu_layout import PackedLinear, convert_cpu_linears
 from .llama import LlamaForCausalLM, merge_projections
 
 
 def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto",
-          amx_gemm: str = "auto") -> LlamaForCausalLM:
+          amx_gemm: str = "auto", greedy_screen: str = "auto") -> LlamaForCausalLM:
     """Convert `model` (in place, in the dtype its weights were loaded in) for `device` and move it there, in
     eval mode; `model.linear_layout` names the choice."""
     if torch.device(device).type != "cpu" and amx_gemm == "on":
         raise RuntimeError(f"amx_gemm: on applies to CPU models (device {device}); use auto or off")
+    if torch.device(device).type != "cpu" and greedy_screen == "on":
+        raise RuntimeError(f"greedy_screen: on applies to CPU models (device {device}); use auto or off")
     if torch.device(device).type == "cpu":
-        model.linear_layout = convert_cpu_linears(model, linear_backend, model.lm_head.weight.dtype, amx_gemm)
+        head_weight = model.lm_head.weight
+        model.linear_layout = convert_cpu_linears(model, linear_backend, head_weight.dtype, amx_gemm)
+        model.greedy_screen = greedy_screen_module.build(skinny_gemm.load_library(), head_weight, model.lm_head,
+                                                         greedy_screen)
+        del head_weight
+        if model.greedy_screen is not None:
+            model.linear_layout += ", greedy steps' LM head screened in bf16"
         ops = cpu_ops.load_library()
         if isinstance(model.lm_head, PackedLinear) and ops is not None:  # fp32, contiguous linear outputs
             cpu_ops.convert_cpu_ops(model, ops)

@@ -9,12 +9,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata
+
+if TYPE_CHECKING:
+    from .greedy_screen import GreedyScreen
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,10 +322,12 @@ class LlamaForCausalLM(nn.Module):
         self.linear_layout = "torch (nn.Linear)"  # what models/device_kernels.py chose
         self.load_report = ""  # what loading took (checkpoint.py)
         self.decoder_stack: Callable | None = None  # the layers in one native call (models/decoder_stack.py)
+        self.greedy_screen: GreedyScreen | None = None  # greedy steps' LM head in bf16 (models/greedy_screen.py)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list,
-                meta: AttentionMetadata, sample_indices: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions: (T,); kv_caches: one (k, v) pair per layer -> (num_sampled, vocab) fp32."""
+                meta: AttentionMetadata, sample_indices: torch.Tensor, screen: bool = False) -> torch.Tensor:
+        """input_ids, positions: (T,); kv_caches: one (k, v) pair per layer -> (num_sampled, vocab) fp32.
+        `screen` (with a greedy screen): the screen's logits, for `greedy_screen.refine` once masked."""
         h = self.model.embed_tokens(input_ids)  # (T, hidden)
         rope = self.model.rotary.tables(positions, h.dtype)
         # Past the last layer's attention only the sampled rows matter (in a prompt chunk, its last token): the
@@ -337,4 +343,6 @@ class LlamaForCausalLM(nn.Module):
         if rows is None:
             h, residual = h[sample_indices], residual[sample_indices]
         x, _ = self.model.norm(h, residual)
+        if screen and self.greedy_screen is not None:
+            return self.greedy_screen.screen(x)
         return self.lm_head(x).float()

@@ -33,6 +33,9 @@ def load_library(path: Path | None = None) -> ctypes.CDLL | None:
     if hasattr(lib, "sg_chunk_rows"):  # builds before it (a benchmark's --baseline-lib) choose no chunk size
         lib.sg_chunk_rows.restype = _I64
         lib.sg_chunk_rows.argtypes = [_I64]
+    if hasattr(lib, "sg_dot_columns"):  # (builds before the greedy screen have none)
+        lib.sg_dot_columns.restype = ctypes.c_int
+        lib.sg_dot_columns.argtypes = [_PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR]
     lib.sg_amx_available.restype = ctypes.c_int
     lib.sg_amx_min_rows.restype = ctypes.c_int
     lib.sg_amx_packed_size.restype = _I64

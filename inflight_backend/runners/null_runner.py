@@ -23,7 +23,7 @@ class NullRunner(ModelRunner):
     def describe(self) -> str:
         return f"null (computes nothing: a benchmark of the serving path only; every token is id {self.token})"
 
-    def execute(self, output: SchedulerOutput) -> torch.Tensor:
+    def execute(self, output: SchedulerOutput, greedy_only: bool = False) -> torch.Tensor:
         num_sampled = sum(1 for item in output.scheduled if item.sample)
         # A copy: the engine may change its rows in place. numpy's, on this thread: torch's would be a parallel
         # region, whose barrier waits out a scheduler slice whenever the serving path's threads hold the other core.

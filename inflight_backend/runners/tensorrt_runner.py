@@ -47,7 +47,7 @@ class TensorRTRunner(ModelRunner):
         return f"tensorrt plan ({self.dtype}), attention: PagedAttention plugin (CUDA kernels)"
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput) -> torch.Tensor:
+    def execute(self, output: SchedulerOutput, greedy_only: bool = False) -> torch.Tensor:
         step = StepInputs.build(output, self.block_size)
         tensors = {name: torch.tensor(values, dtype=dtype, device=self.device)
                    for name, (values, dtype) in step.engine_inputs().items()}

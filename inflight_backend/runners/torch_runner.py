@@ -19,13 +19,16 @@ class TorchRunner(ModelRunner):
 
     def __init__(self, checkpoint: str, num_blocks: int, block_size: int, device: str = "cpu",
                  dtype: str = "float32", attention: str = "auto", linear: str = "auto",
-                 amx_gemm: str = "auto", cuda_graphs: bool = False, max_batch_size: int = 64) -> None:
+                 amx_gemm: str = "auto", cuda_graphs: bool = False, max_batch_size: int = 64,
+                 greedy_screen: str = "auto") -> None:
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
         self.block_size = block_size
         self.attention = make_backend(attention, self.device)
         self.model = device_kernels.place(load_model(checkpoint, self.attention, self.dtype), device, linear,
-                                          amx_gemm)
+                                          amx_gemm, greedy_screen)
+        self.screens_greedy = self.model.greedy_screen is not None
+        self._screened = False  # whether the last execute returned a screen's logits
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
@@ -45,7 +48,9 @@ class TorchRunner(ModelRunner):
                 f"linear: {self.model.linear_layout}{graphs}; {self.model.load_report}")
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput) -> torch.Tensor:
+    def execute(self, output: SchedulerOutput, greedy_only: bool = False) -> torch.Tensor:
+        screen = self.model.greedy_screen
+        self._screened = greedy_only and screen is not None and screen.worthwhile
         step = StepInputs.build(output, self.block_size)
         if self.graphs is not None and self.graphs.covers(step):
             return self.graphs.run(step)
@@ -59,7 +64,12 @@ class TorchRunner(ModelRunner):
             context_lens_tensor=self._tensor(step.context_lens, torch.int32),
         )
         return self.model(self._tensor(step.input_ids), self._tensor(step.positions), self.kv_caches, meta,
-                          self._tensor(step.sample_indices))
+                          self._tensor(step.sample_indices), screen=self._screened)
+
+    def refine_greedy(self, logits: torch.Tensor) -> None:
+        if self._screened and self.model.greedy_screen is not None:
+            self._screened = False
+            self.model.greedy_screen.refine(logits)
 
     def _tensor(self, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 
 #include "claimed_ranges.h"
 
@@ -43,6 +44,37 @@ extern "C" int sg_pack_f32(const float* w, int64_t K, int64_t N, float* packed) 
         memset(dst + width, 0, (kPacked - width) * sizeof(float));
       }
     }
+  return SG_OK;
+}
+
+// Each output of sg_gemm_f32 (without bias) is one chain of fused multiply-adds over k ascending, from zero: both
+// walks keep a column's partial sum in one accumulator lane (stored to y between chunks, loaded back unchanged).
+// The same chain, scalar, over the same packed values gives the same bits.
+extern "C" int sg_dot_columns(const float* x, int64_t K, const float* packed, int64_t N, const int32_t* cols,
+                              int64_t count, float* out) {
+  if (K <= 0 || N <= 0 || count < 0) return SG_ERR_SHAPE;
+  constexpr int kGroup = 8;    // independent chains in flight (an FMA's latency over its throughput)
+  constexpr int64_t kAhead = 16;  // k rows fetched ahead of the loads
+  for (int64_t g = 0; g < count; g += kGroup) {
+    const int n = count - g < kGroup ? (int)(count - g) : kGroup;
+    const float* col[kGroup];
+    float acc[kGroup];
+    for (int i = 0; i < kGroup; ++i) {
+      const int64_t c = cols[g + (i < n ? i : 0)];
+      if (c < 0 || c >= N) return SG_ERR_SHAPE;
+      const int64_t t = c / SG_TILE, in_tile = c % SG_TILE;
+      col[i] = packed + t * K * SG_TILE + (in_tile / kPacked) * K * kPacked + in_tile % kPacked;
+      acc[i] = 0.0f;
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      const float xk = x[k];
+      for (int i = 0; i < kGroup; ++i) {
+        __builtin_prefetch(col[i] + (k + kAhead) * kPacked);  // each k row of a column is its own cache line
+        acc[i] = std::fma(xk, col[i][k * kPacked], acc[i]);
+      }
+    }
+    for (int i = 0; i < n; ++i) out[g + i] = acc[i];
+  }
   return SG_OK;
 }
 

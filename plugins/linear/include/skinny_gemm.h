@@ -26,6 +26,12 @@ int sg_pack_f32(const float* w, int64_t K, int64_t N, float* packed);
 int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, const float* packed, int64_t N,
                 const float* bias, float* y);
 
+// Columns cols[0..count) of x @ w for one row x (K floats), without bias, into out: bitwise the values
+// sg_gemm_f32 computes for them (the LM head's greedy screen, greedy_screen.h, recomputes its candidates so).
+// Reads K values of the packed panel per column, one cache line each.
+int sg_dot_columns(const float* x, int64_t K, const float* packed, int64_t N, const int32_t* cols, int64_t count,
+                   float* out);
+
 // k rows of each packed panel one pass of sg_gemm_f32 walks (the rest of the panel waits for the next pass):
 // chosen when the library loads, from the processor's L1 data cache (skinny_gemm_cpu.cpp says why). `rows` > 0
 // sets it for the calls that follow (tests and benchmarks compare choices in one process); 0 only asks.

@@ -1,0 +1,116 @@
+"""The LM head's greedy screen on the CPU (plugins/linear/include/greedy_screen.h): greedy tokens from a bf16
+pass over the head, exactly the fp32 head's.
+
+A step whose every sampled row is greedy needs only each row's largest logit. `screen` computes all logits from
+bf16 copies of the hidden rows and of the head's weight (AVX512-BF16: half the bytes and twice the products per
+instruction of the fp32 GEMM), each within a proven bound of the fp32 value; after the engine masks tokens,
+`refine` recomputes in fp32 every logit that could still be its row's largest, bitwise as the fp32 head would.
+An argmax over the refined row is then the fp32 head's argmax, and its logit the fp32 one; the other entries are
+approximations below it, so a step that needs anything else of the logits (sampling, penalties, log-probabilities,
+logits returned) does not screen. Costs a bf16 copy of the head's weight (half its fp32 size).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ..config import GREEDY_SCREEN
+from . import skinny_gemm
+
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+
+
+def _declare(lib: ctypes.CDLL) -> bool:
+    """Whether `lib` (a build of the skinny-GEMM library) has the screen and this processor can run it."""
+    if not hasattr(lib, "gs_available"):
+        return False
+    lib.gs_available.restype = ctypes.c_int
+    lib.gs_packed_size.restype = _I64
+    lib.gs_packed_size.argtypes = [_I64, _I64]
+    lib.gs_pack.restype = ctypes.c_int
+    lib.gs_pack.argtypes = [_PTR, _I64, _I64, _PTR, _PTR]
+    lib.gs_screen.restype = ctypes.c_int
+    lib.gs_screen.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR]
+    lib.gs_refine.restype = _I64
+    lib.gs_refine.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR]
+    return bool(lib.gs_available())
+
+
+def available(lib: ctypes.CDLL | None) -> bool:
+    return lib is not None and _declare(lib)
+
+
+class GreedyScreen:
+    """Screens one LM head (a PackedLinear without bias). `screen(x)` keeps x until `refine` makes the logits it
+    returned exact where an argmax can land."""
+
+    def __init__(self, lib: ctypes.CDLL, weight: torch.Tensor, packed_f32: torch.Tensor) -> None:
+        """weight: the head's (vocab, hidden) fp32 weight; packed_f32: the PackedLinear's panels of it."""
+        if not available(lib):
+            raise RuntimeError("greedy screen: the library has no screen, or this processor lacks AVX512-BF16")
+        weight_t = weight.detach().float().t().contiguous()
+        self.in_features, self.out_features = weight_t.shape
+        self.packed = torch.empty(lib.gs_packed_size(*weight_t.shape), dtype=torch.int16)
+        self.norms = torch.empty(3, dtype=torch.float64)  # the bound's largest column norms (greedy_screen.h)
+        if lib.gs_pack(weight_t.data_ptr(), self.in_features, self.out_features, self.packed.data_ptr(),
+                       self.norms.data_ptr()) != skinny_gemm.SG_OK:
+            raise ValueError("greedy_screen: the LM head's weight has a non-finite value")
+        self.packed_f32 = packed_f32
+        self.recomputed = 0  # logits refine has computed in fp32, in all (a benchmark's figure)
+        # Each recomputed logit reads a cache line per weight (a column of the packed panels), 16x the bytes of
+        # streaming it: past `most_per_row` a row the refine costs a quarter of the fp32 head, and the screen
+        # stops (`worthwhile`). The bound is loose where ||x|| ||w_j|| dwarfs the logits' spread.
+        self.most_per_row = self.out_features / 64
+        self._per_row = 0.0  # recomputed logits a row, a moving average
+        self._lib = lib
+        self._x: torch.Tensor | None = None
+
+    def screen(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (M, hidden) -> (M, vocab) logits, each within the bound of the fp32 head's (exact for rows that
+        are not safe to approximate)."""
+        x = x.reshape(-1, self.in_features).float().contiguous()
+        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        status = self._lib.gs_screen(x.data_ptr(), x.shape[0], self.in_features, self.in_features,
+                                     self.packed.data_ptr(), self.packed_f32.data_ptr(), self.norms.data_ptr(),
+                                     self.out_features, y.data_ptr())
+        if status != skinny_gemm.SG_OK:
+            raise RuntimeError(f"greedy screen failed with status {status}")
+        self._x = x
+        return y
+
+    def refine(self, logits: torch.Tensor) -> None:
+        """In place, after masks (-inf): every logit that could be its row's largest becomes the fp32 head's."""
+        x, self._x = self._x, None
+        if x is None or logits.shape != (x.shape[0], self.out_features) or not logits.is_contiguous():
+            raise RuntimeError("greedy screen: refine needs the logits of the last screen, contiguous")
+        count = self._lib.gs_refine(x.data_ptr(), x.shape[0], self.in_features, self.in_features,
+                                    self.packed_f32.data_ptr(), self.norms.data_ptr(), self.out_features,
+                                    logits.data_ptr())
+        if count < 0:
+            raise RuntimeError(f"greedy screen: refine failed with status {-count}")
+        self.recomputed += count
+        if x.shape[0]:
+            self._per_row += 0.125 * (count / x.shape[0] - self._per_row)
+
+    @property
+    def worthwhile(self) -> bool:
+        """Whether screening still pays: False once refines recompute more than `most_per_row` logits a row on
+        average (then it stays off: nothing screens to bring the average down)."""
+        return self._per_row <= self.most_per_row
+
+
+def build(lib: ctypes.CDLL | None, weight: torch.Tensor, head, mode: str) -> GreedyScreen | None:
+    """The screen for an LM head as `mode` (config.GREEDY_SCREEN) asks, or None. weight: the head's fp32 weight
+    as loaded; head: what the model computes it with (a screen needs the native layout's PackedLinear)."""
+    if mode not in GREEDY_SCREEN:
+        raise ValueError(f"greedy_screen must be one of {GREEDY_SCREEN}, got {mode!r}")
+    usable = (lib is not None and available(lib) and isinstance(getattr(head, "packed", None), torch.Tensor)
+              and head.bias is None and weight.dtype == torch.float32)
+    if mode == "on" and not usable:
+        raise RuntimeError("greedy_screen: on needs the native linear layout (fp32), an LM head without bias and a "
+                           "processor with AVX512-BF16 (build/lib/libinflight_sgemm_cpu.so built on it); use auto "
+                           "or off")
+    if mode == "off" or not usable or lib is None:
+        return None
+    return GreedyScreen(lib, weight, head.packed)

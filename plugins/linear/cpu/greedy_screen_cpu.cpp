@@ -1,0 +1,285 @@
+// Greedy screen for the LM head (see include/greedy_screen.h for the bound and why it is exact).
+//
+// The bf16 panels mirror the skinny GEMM's: per tile of kTile = 64 columns, ceil(K/2) pair rows of 64 columns x 2
+// bf16 (256 bytes, like one fp32 k row), so that one 64-byte load is 16 columns' (w[2p][n], w[2p+1][n]) pairs, the
+// operand VDPBF16PS multiplies with a broadcast (x[2p], x[2p+1]) pair. Row blocks of up to 6 rows keep 6 x 4
+// accumulators in registers while a tile's panel, 128 KB at K = 1,024, stays in L2; the next tile's panel is
+// fetched into L2 meanwhile, its lines spread over every pass.
+#include "greedy_screen.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include <vector>
+
+#include "claimed_ranges.h"
+#include "skinny_gemm.h"
+
+#if defined(__x86_64__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 11))
+#define GS_BUILD 1
+#include <immintrin.h>
+#define GS_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#endif
+
+namespace {
+
+constexpr int64_t kTile = 64;
+constexpr int kRows = 6;
+
+int64_t pairs(int64_t K) { return (K + 1) / 2; }
+
+// Round to nearest even, as bf16 bits (NaN stays NaN; denormals round like any other value).
+uint16_t to_bf16(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x40);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return (uint16_t)(b >> 16);
+}
+
+// gamma_K of the header's bound: a K-term fp32 sum, each step rounded to nearest or toward zero.
+double gamma(int64_t K) {
+  const double g = (double)K * ldexp(1.0, -23);
+  return g / (1.0 - g);
+}
+
+// Norms of one row of x: of x, of its bf16 rounding x^ and of the difference; false when the row is not safe to
+// screen: a value not finite, or logits that could reach the range where fp32 sums overflow (|x . w| <=
+// ||x|| ||w|| < 2^100 keeps every partial sum far from it).
+struct RowNorms {
+  double x = 0, xb = 0, dx = 0;
+};
+bool row_norms(const float* x, int64_t K, const double* w_norms, RowNorms* out) {
+  double sx = 0, sb = 0, sd = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    if (!isfinite(x[k])) return false;
+    uint32_t bits = (uint32_t)to_bf16(x[k]) << 16;
+    float b;
+    memcpy(&b, &bits, 4);
+    const double d = (double)x[k] - (double)b;  // exact in double
+    sx += (double)x[k] * x[k], sb += (double)b * b, sd += d * d;
+  }
+  const double up = 1.0 + 1e-12;  // the sums' double rounding, outweighed
+  out->x = sqrt(sx) * up, out->xb = sqrt(sb) * up, out->dx = sqrt(sd) * up;
+  return out->x * w_norms[0] < ldexp(1.0, 100) && out->xb * w_norms[1] < ldexp(1.0, 100);
+}
+
+// B for a row (the header's bound): x w - x^ w^ = x^ dw + dx w^ + dx dw, each sum bounded by Cauchy-Schwarz with
+// the weight's largest column norms; the two fp32 sums' rounding; an absolute term for bf16 denormals (VDPBF16PS
+// reads them as zero and flushes its results: at most 2^-126 a term and a sum, K of each); 1% to spare for the
+// double arithmetic.
+double bound(int64_t K, const RowNorms& r, const double* w_norms) {
+  const double nw = w_norms[0], nwb = w_norms[1], ndw = w_norms[2], g = gamma(K);
+  return 1.01 * (r.xb * ndw + r.dx * nwb + r.dx * ndw + g * r.xb * nwb + g * r.x * nw +
+                 (double)K * ldexp(1.0, -120) * (2.0 + r.xb + nwb));
+}
+
+#ifdef GS_BUILD
+
+// Rows [0, R) of y, tile at column n0: acc += x's bf16 pairs . panel's, over all pair rows; prefetching `lines`
+// cache lines from `next` at `per` lines a pair row from line `first` of this pass on.
+template <int R>
+GS_TARGET void row_block(const uint32_t* xp, int64_t P, const uint16_t* panel, int64_t N, int64_t n0, float* y,
+                         const char* next, int64_t first, int64_t lines, int per) {
+  __m512 acc[R][4];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < P; ++p, panel += 2 * kTile) {
+    if (first < lines) {
+      for (int j = 0; j < per; ++j) _mm_prefetch(next + 64 * (first + j), _MM_HINT_T1);
+      first += per;
+    }
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel), w1 = (__m512bh)_mm512_loadu_si512(panel + 32);
+    const __m512bh w2 = (__m512bh)_mm512_loadu_si512(panel + 64), w3 = (__m512bh)_mm512_loadu_si512(panel + 96);
+    for (int i = 0; i < R; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xp[i * P + p]);
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], w0, xv);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], w1, xv);
+      acc[i][2] = _mm512_dpbf16_ps(acc[i][2], w2, xv);
+      acc[i][3] = _mm512_dpbf16_ps(acc[i][3], w3, xv);
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    const int64_t left = N - n0 - 16 * j;
+    const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+    for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, m, acc[i][j]);
+  }
+}
+
+using RowBlockFn = void (*)(const uint32_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, const char*,
+                            int64_t, int64_t, int);
+constexpr RowBlockFn kRowBlocks[kRows + 1] = {nullptr, row_block<1>, row_block<2>, row_block<3>,
+                                              row_block<4>, row_block<5>, row_block<6>};
+
+GS_TARGET void screen_rows(const uint32_t* xp, int64_t M, int64_t P, const uint16_t* packed, int64_t N, float* y) {
+  const int64_t tiles = (N + kTile - 1) / kTile, panel_values = P * 2 * kTile;
+  const int64_t blocks = (M + kRows - 1) / kRows, lines = panel_values * 2 / 64;
+  const int per = (int)((lines + blocks * P - 1) / (blocks * P));
+  inflight::ClaimedRanges work(tiles, omp_get_max_threads());
+#pragma omp parallel
+  for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;) {
+    const uint16_t* panel = packed + t * panel_values;
+    const char* next = t + 1 < tiles ? reinterpret_cast<const char*>(panel + panel_values) : nullptr;
+    for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
+      const int rows = (int)(M / blocks + (b < M % blocks ? 1 : 0));
+      kRowBlocks[rows](xp + m0 * P, P, panel, N, t * kTile, y + m0 * N, next, b * P * per, next ? lines : 0, per);
+      m0 += rows;
+    }
+  }
+}
+
+#endif  // GS_BUILD
+
+// The row's largest value (NaN if it holds one) and the columns at or above `threshold` or NaN: scans over a
+// logits row, 16 lanes at a time where the screen runs.
+#ifdef GS_BUILD
+GS_TARGET float row_max_512(const float* y, int64_t N) {
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  int64_t j = 0;
+  for (; j + 16 <= N; j += 16) {
+    const __m512 v = _mm512_loadu_ps(y + j);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    top = _mm512_maskz_max_ps((__mmask16)0xFFFF, top, v);
+  }
+  float lanes[16], m = -INFINITY;
+  _mm512_storeu_ps(lanes, top);
+  for (float v : lanes) m = v > m ? v : m;
+  for (; j < N; ++j) m = y[j] > m || y[j] != y[j] ? y[j] : m;
+  return nan ? NAN : m;
+}
+
+GS_TARGET void at_or_above_512(const float* y, int64_t N, float threshold, std::vector<int32_t>* cols) {
+  const __m512 t = _mm512_set1_ps(threshold);
+  int64_t j = 0;
+  for (; j + 16 <= N; j += 16) {
+    const __m512 v = _mm512_loadu_ps(y + j);
+    for (unsigned m = _mm512_cmp_ps_mask(v, t, _CMP_NLT_UQ); m; m &= m - 1)  // >=, or NaN
+      cols->push_back((int32_t)(j + __builtin_ctz(m)));
+  }
+  for (; j < N; ++j)
+    if (!(y[j] < threshold)) cols->push_back((int32_t)j);
+}
+#endif
+
+float row_max(const float* y, int64_t N) {
+#ifdef GS_BUILD
+  if (gs_available()) return row_max_512(y, N);
+#endif
+  float m = -INFINITY;
+  for (int64_t j = 0; j < N; ++j) m = y[j] > m || y[j] != y[j] ? y[j] : m;
+  return m;
+}
+
+void at_or_above(const float* y, int64_t N, float threshold, std::vector<int32_t>* cols) {
+#ifdef GS_BUILD
+  if (gs_available()) return at_or_above_512(y, N, threshold, cols);
+#endif
+  for (int64_t j = 0; j < N; ++j)
+    if (!(y[j] < threshold)) cols->push_back((int32_t)j);
+}
+
+}  // namespace
+
+extern "C" int gs_available(void) {
+#ifdef GS_BUILD
+  static const int available = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                               __builtin_cpu_supports("avx512bf16");
+  return available;
+#else
+  return 0;
+#endif
+}
+
+extern "C" int64_t gs_packed_size(int64_t K, int64_t N) { return (N + kTile - 1) / kTile * pairs(K) * 2 * kTile; }
+
+extern "C" int gs_pack(const float* w, int64_t K, int64_t N, uint16_t* packed, double* norms) {
+  if (K <= 0 || N <= 0) return SG_ERR_SHAPE;
+  const int64_t P = pairs(K);
+  std::vector<double> sw(N, 0.0), sb(N, 0.0), sd(N, 0.0);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n) {
+      const float v = w[k * N + n];
+      if (!isfinite(v)) return SG_ERR_SHAPE;
+      uint32_t bits = (uint32_t)to_bf16(v) << 16;
+      float b;
+      memcpy(&b, &bits, 4);
+      const double d = (double)v - (double)b;
+      sw[n] += (double)v * v, sb[n] += (double)b * b, sd[n] += d * d;
+    }
+  double most[3] = {0, 0, 0};
+  for (int64_t n = 0; n < N; ++n) {
+    most[0] = sw[n] > most[0] ? sw[n] : most[0];
+    most[1] = sb[n] > most[1] ? sb[n] : most[1];
+    most[2] = sd[n] > most[2] ? sd[n] : most[2];
+  }
+  for (int i = 0; i < 3; ++i) norms[i] = sqrt(most[i]) * (1.0 + 1e-12);
+  const int64_t tiles = (N + kTile - 1) / kTile;
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t c = 0; c < kTile; ++c)
+        for (int e = 0; e < 2; ++e) {
+          const int64_t n = t * kTile + c, k = 2 * p + e;
+          packed[(t * P + p) * 2 * kTile + 2 * c + e] = n < N && k < K ? to_bf16(w[k * N + n]) : 0;
+        }
+  return SG_OK;
+}
+
+extern "C" int gs_screen(const float* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* packed,
+                         const float* packed_f32, const double* norms, int64_t N, float* y) {
+  if (M < 0 || K <= 0 || N <= 0 || ldx < K) return SG_ERR_SHAPE;
+#ifdef GS_BUILD
+  if (!gs_available()) return SG_ERR_UNSUPPORTED;
+  if (M == 0) return SG_OK;
+  const int64_t P = pairs(K);
+  std::vector<uint32_t> xp(M * P);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t p = 0; p < P; ++p) {
+      const uint32_t lo = to_bf16(x[i * ldx + 2 * p]), hi = 2 * p + 1 < K ? to_bf16(x[i * ldx + 2 * p + 1]) : 0;
+      xp[i * P + p] = lo | hi << 16;
+    }
+  screen_rows(xp.data(), M, P, packed, N, y);
+  RowNorms r;
+  for (int64_t i = 0; i < M; ++i)  // rows not safe to screen: the fp32 GEMM's logits, whole (rare)
+    if (!row_norms(x + i * ldx, K, norms, &r)) {
+      const int status = sg_gemm_f32(x + i * ldx, 1, K, ldx, packed_f32, N, nullptr, y + i * N);
+      if (status != SG_OK) return status;
+    }
+  return SG_OK;
+#else
+  (void)x, (void)ldx, (void)packed, (void)packed_f32, (void)norms, (void)y;
+  return SG_ERR_UNSUPPORTED;
+#endif
+}
+
+extern "C" int64_t gs_refine(const float* x, int64_t M, int64_t K, int64_t ldx, const float* packed_f32,
+                             const double* norms, int64_t N, float* y) {
+  if (M < 0 || K <= 0 || N <= 0 || ldx < K || N > INT32_MAX) return -SG_ERR_SHAPE;
+  int64_t total = 0;
+  int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : total, failed)
+  for (int64_t i = 0; i < M; ++i) {
+    const float* xi = x + i * ldx;
+    float* yi = y + i * N;
+    RowNorms r;
+    if (!row_norms(xi, K, norms, &r)) continue;  // gs_screen computed this row in fp32
+    const float top = row_max(yi, N);
+    if (!isfinite(top)) continue;  // every token masked, or a NaN or inf the caller put there: left as it is
+    // Candidates: approx_j >= top - 2B, compared in double (exact for fp32 values) against a threshold rounded
+    // down to a float.
+    const double below = (double)top - 2.0 * bound(K, r, norms);
+    float threshold = (float)below;
+    if ((double)threshold > below) threshold = nextafterf(threshold, -INFINITY);
+    std::vector<int32_t> cols;
+    at_or_above(yi, N, threshold, &cols);
+    std::vector<float> exact(cols.size());
+    if (sg_dot_columns(xi, K, packed_f32, N, cols.data(), (int64_t)cols.size(), exact.data()) != SG_OK) {
+      failed += 1;
+      continue;
+    }
+    for (size_t c = 0; c < cols.size(); ++c) yi[cols[c]] = exact[c];
+    total += (int64_t)cols.size();
+  }
+  return failed ? -SG_ERR_SHAPE : total;
+}
