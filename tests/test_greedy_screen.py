@@ -21,11 +21,18 @@ def sgemm():
     return library
 
 
-@pytest.fixture(scope="module")
-def lib(sgemm):
-    if not greedy_screen.available(sgemm):
-        pytest.skip("this processor (or the library's build) has no AVX512-BF16: the greedy screen cannot run here")
-    return sgemm
+@pytest.fixture(scope="module", params=[greedy_screen.HARDWARE, greedy_screen.WIDENED])
+def lib(request, sgemm):
+    """The library, its screen on each path this processor has: AVX512-BF16, and bf16 widened in AVX2 registers
+    (the only one without the instruction)."""
+    if greedy_screen.path(sgemm) == 0:
+        pytest.skip("this processor has neither AVX512-BF16 nor AVX2+FMA: the greedy screen cannot run here")
+    sgemm.gs_widen_only(request.param == greedy_screen.WIDENED)
+    if greedy_screen.path(sgemm) != request.param:
+        sgemm.gs_widen_only(0)
+        pytest.skip("this processor has no AVX512-BF16: the screen's dot-product path cannot run here")
+    yield sgemm
+    sgemm.gs_widen_only(0)
 
 
 def head(lib, weight: torch.Tensor):
@@ -188,3 +195,16 @@ def test_greedy_screen_setting_is_checked(sgemm, tiny_model):
                                     greedy_screen="on"))
     off = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=64, greedy_screen="off"))
     assert off.runner.model.greedy_screen is None and not off.runner.screens_greedy
+
+
+def test_auto_takes_the_dot_product_path_only(sgemm, tiny_model):
+    if greedy_screen.path(sgemm) == 0:
+        pytest.skip("this processor has neither AVX512-BF16 nor AVX2+FMA: the greedy screen cannot run here")
+    sgemm.gs_widen_only(1)  # as on a processor without AVX512-BF16
+    try:
+        assert greedy_screen.path(sgemm) == greedy_screen.WIDENED
+        assert engine(tiny_model, "auto").runner.model.greedy_screen is None  # slower than the fp32 head there
+        widened = engine(tiny_model, "on")
+        assert widened.runner.screens_greedy and "(AVX2, widened)" in widened.runner.describe()
+    finally:
+        sgemm.gs_widen_only(0)

@@ -27,7 +27,8 @@ def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto",
                                                          greedy_screen)
         del head_weight
         if model.greedy_screen is not None:
-            model.linear_layout += ", greedy steps' LM head screened in bf16"
+            widened = greedy_screen_module.path(skinny_gemm.load_library()) == greedy_screen_module.WIDENED
+            model.linear_layout += ", greedy steps' LM head screened in bf16" + (" (AVX2, widened)" if widened else "")
         ops = cpu_ops.load_library()
         if isinstance(model.lm_head, PackedLinear) and ops is not None:  # fp32, contiguous linear outputs
             cpu_ops.convert_cpu_ops(model, ops)

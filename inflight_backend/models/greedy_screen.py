@@ -7,7 +7,9 @@ instruction of the fp32 GEMM), each within a proven bound of the fp32 value; aft
 `refine` recomputes in fp32 every logit that could still be its row's largest, bitwise as the fp32 head would.
 An argmax over the refined row is then the fp32 head's argmax, and its logit the fp32 one; the other entries are
 approximations below it, so a step that needs anything else of the logits (sampling, penalties, log-probabilities,
-logits returned) does not screen. Costs a bf16 copy of the head's weight (half its fp32 size).
+logits returned) does not screen. Costs a bf16 copy of the head's weight (half its fp32 size). Without
+AVX512-BF16, `greedy_screen: on` widens the bf16 weights to fp32 in AVX2 registers instead: as exact, and slower
+than the fp32 head (kept for processors and tests without the instruction; `auto` does not take it).
 """
 from __future__ import annotations
 
@@ -21,11 +23,16 @@ from . import skinny_gemm
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 
-def _declare(lib: ctypes.CDLL) -> bool:
-    """Whether `lib` (a build of the skinny-GEMM library) has the screen and this processor can run it."""
+HARDWARE, WIDENED = 2, 1  # screen paths (gs_available): AVX512-BF16 dot products; bf16 widened to fp32 (AVX2)
+
+
+def _declare(lib: ctypes.CDLL) -> int:
+    """The screen path this process would take with `lib` (a build of the skinny-GEMM library), 0 for none."""
     if not hasattr(lib, "gs_available"):
-        return False
+        return 0
     lib.gs_available.restype = ctypes.c_int
+    lib.gs_widen_only.restype = ctypes.c_int
+    lib.gs_widen_only.argtypes = [ctypes.c_int]
     lib.gs_packed_size.restype = _I64
     lib.gs_packed_size.argtypes = [_I64, _I64]
     lib.gs_pack.restype = ctypes.c_int
@@ -34,11 +41,17 @@ def _declare(lib: ctypes.CDLL) -> bool:
     lib.gs_screen.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR]
     lib.gs_refine.restype = _I64
     lib.gs_refine.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR]
-    return bool(lib.gs_available())
+    return int(lib.gs_available())
+
+
+def path(lib: ctypes.CDLL | None) -> int:
+    """HARDWARE where the processor has AVX512-BF16; WIDENED where it has AVX2+FMA only (correct, and slower than
+    the fp32 head from 8 rows: `greedy_screen: on` only); 0 where the library has no screen."""
+    return 0 if lib is None else _declare(lib)
 
 
 def available(lib: ctypes.CDLL | None) -> bool:
-    return lib is not None and _declare(lib)
+    return path(lib) > 0
 
 
 class GreedyScreen:
@@ -105,12 +118,12 @@ def build(lib: ctypes.CDLL | None, weight: torch.Tensor, head, mode: str) -> Gre
     as loaded; head: what the model computes it with (a screen needs the native layout's PackedLinear)."""
     if mode not in GREEDY_SCREEN:
         raise ValueError(f"greedy_screen must be one of {GREEDY_SCREEN}, got {mode!r}")
-    usable = (lib is not None and available(lib) and isinstance(getattr(head, "packed", None), torch.Tensor)
-              and head.bias is None and weight.dtype == torch.float32)
+    usable = (path(lib) > 0 and isinstance(getattr(head, "packed", None), torch.Tensor) and head.bias is None
+              and weight.dtype == torch.float32)
     if mode == "on" and not usable:
         raise RuntimeError("greedy_screen: on needs the native linear layout (fp32), an LM head without bias and a "
-                           "processor with AVX512-BF16 (build/lib/libinflight_sgemm_cpu.so built on it); use auto "
-                           "or off")
-    if mode == "off" or not usable or lib is None:
+                           "processor with AVX512-BF16 or AVX2+FMA (build/lib/libinflight_sgemm_cpu.so built on "
+                           "it); use auto or off")
+    if mode == "off" or not usable or lib is None or (mode == "auto" and path(lib) != HARDWARE):
         return None
     return GreedyScreen(lib, weight, head.packed)

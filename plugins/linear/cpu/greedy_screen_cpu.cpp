@@ -11,6 +11,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include <atomic>
 #include <vector>
 
 #include "claimed_ranges.h"
@@ -20,6 +21,7 @@
 #define GS_BUILD 1
 #include <immintrin.h>
 #define GS_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define GS_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
 namespace {
@@ -129,6 +131,66 @@ GS_TARGET void screen_rows(const uint32_t* xp, int64_t M, int64_t P, const uint1
   }
 }
 
+// Without AVX512-BF16: the same panels widened to fp32 in registers (a pair's low half shifted up is w[2p], its
+// high half masked is w[2p+1]) and multiplied with x's fp32 values by FMAs, 16 columns (a quarter tile) and up to
+// 4 rows at a time (8 accumulators, 4 weight vectors and 2 broadcasts of AVX2's 16 registers). Half the fp32
+// GEMM's bytes for as many FMAs; x is not rounded (dx = 0: the bound covers that case too).
+constexpr int kRowsAvx2 = 4;
+
+template <int R>
+GS_AVX2 void row_block_avx2(const float* x, int64_t ldx, int64_t K, const uint16_t* part, int64_t N, int64_t c0,
+                            float* y) {
+  const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+  __m256 acc[R][2];
+  for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  const int64_t full = K / 2;
+  for (int64_t p = 0; p < pairs(K); ++p, part += 2 * kTile) {
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(part));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(part + 16));
+    const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+    const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(v0, high));
+    const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+    const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(v1, high));
+    for (int i = 0; i < R; ++i) {
+      const __m256 x0 = _mm256_set1_ps(x[i * ldx + 2 * p]);
+      acc[i][0] = _mm256_fmadd_ps(x0, e0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(x0, e1, acc[i][1]);
+      if (p < full) {  // (an odd K's last pair has no second value)
+        const __m256 x1 = _mm256_set1_ps(x[i * ldx + 2 * p + 1]);
+        acc[i][0] = _mm256_fmadd_ps(x1, o0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(x1, o1, acc[i][1]);
+      }
+    }
+  }
+  const int64_t width = N - c0 < 16 ? N - c0 : 16;
+  for (int i = 0; i < R; ++i) {
+    float out[16];
+    _mm256_storeu_ps(out, acc[i][0]);
+    _mm256_storeu_ps(out + 8, acc[i][1]);
+    memcpy(y + i * N + c0, out, width * sizeof(float));
+  }
+}
+
+using RowBlockAvx2Fn = void (*)(const float*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*);
+constexpr RowBlockAvx2Fn kRowBlocksAvx2[kRowsAvx2 + 1] = {nullptr, row_block_avx2<1>, row_block_avx2<2>,
+                                                          row_block_avx2<3>, row_block_avx2<4>};
+
+void screen_rows_avx2(const float* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* packed, int64_t N,
+                      float* y) {
+  const int64_t tiles = (N + kTile - 1) / kTile, panel_values = pairs(K) * 2 * kTile;
+  const int64_t blocks = (M + kRowsAvx2 - 1) / kRowsAvx2;
+  inflight::ClaimedRanges work(tiles, omp_get_max_threads());
+#pragma omp parallel
+  for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;)
+    for (int64_t q = 0; q < kTile / 16 && t * kTile + 16 * q < N; ++q)
+      for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
+        const int rows = (int)(M / blocks + (b < M % blocks ? 1 : 0));
+        kRowBlocksAvx2[rows](x + m0 * ldx, ldx, K, packed + t * panel_values + 32 * q, N, t * kTile + 16 * q,
+                             y + m0 * N);
+        m0 += rows;
+      }
+}
+
 #endif  // GS_BUILD
 
 // The row's largest value (NaN if it holds one) and the columns at or above `threshold` or NaN: scans over a
@@ -165,7 +227,7 @@ GS_TARGET void at_or_above_512(const float* y, int64_t N, float threshold, std::
 
 float row_max(const float* y, int64_t N) {
 #ifdef GS_BUILD
-  if (gs_available()) return row_max_512(y, N);
+  if (gs_available() == 2) return row_max_512(y, N);
 #endif
   float m = -INFINITY;
   for (int64_t j = 0; j < N; ++j) m = y[j] > m || y[j] != y[j] ? y[j] : m;
@@ -174,7 +236,7 @@ float row_max(const float* y, int64_t N) {
 
 void at_or_above(const float* y, int64_t N, float threshold, std::vector<int32_t>* cols) {
 #ifdef GS_BUILD
-  if (gs_available()) return at_or_above_512(y, N, threshold, cols);
+  if (gs_available() == 2) return at_or_above_512(y, N, threshold, cols);
 #endif
   for (int64_t j = 0; j < N; ++j)
     if (!(y[j] < threshold)) cols->push_back((int32_t)j);
@@ -182,11 +244,21 @@ void at_or_above(const float* y, int64_t N, float threshold, std::vector<int32_t
 
 }  // namespace
 
+namespace {
+std::atomic<int> widen_only{0};  // gs_widen_only: the AVX2 path even where AVX512-BF16 would run (tests)
+}
+
+extern "C" int gs_widen_only(int on) {
+  if (on >= 0) widen_only.store(on ? 1 : 0);
+  return widen_only.load();
+}
+
 extern "C" int gs_available(void) {
 #ifdef GS_BUILD
-  static const int available = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                               __builtin_cpu_supports("avx512bf16");
-  return available;
+  static const int bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512bf16");
+  static const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return bf16 && !widen_only.load() ? 2 : avx2 ? 1 : 0;
 #else
   return 0;
 #endif
@@ -230,16 +302,21 @@ extern "C" int gs_screen(const float* x, int64_t M, int64_t K, int64_t ldx, cons
                          const float* packed_f32, const double* norms, int64_t N, float* y) {
   if (M < 0 || K <= 0 || N <= 0 || ldx < K) return SG_ERR_SHAPE;
 #ifdef GS_BUILD
-  if (!gs_available()) return SG_ERR_UNSUPPORTED;
+  const int path = gs_available();
+  if (!path) return SG_ERR_UNSUPPORTED;
   if (M == 0) return SG_OK;
-  const int64_t P = pairs(K);
-  std::vector<uint32_t> xp(M * P);
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t p = 0; p < P; ++p) {
-      const uint32_t lo = to_bf16(x[i * ldx + 2 * p]), hi = 2 * p + 1 < K ? to_bf16(x[i * ldx + 2 * p + 1]) : 0;
-      xp[i * P + p] = lo | hi << 16;
-    }
-  screen_rows(xp.data(), M, P, packed, N, y);
+  if (path == 2) {
+    const int64_t P = pairs(K);
+    std::vector<uint32_t> xp(M * P);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t p = 0; p < P; ++p) {
+        const uint32_t lo = to_bf16(x[i * ldx + 2 * p]), hi = 2 * p + 1 < K ? to_bf16(x[i * ldx + 2 * p + 1]) : 0;
+        xp[i * P + p] = lo | hi << 16;
+      }
+    screen_rows(xp.data(), M, P, packed, N, y);
+  } else {
+    screen_rows_avx2(x, M, K, ldx, packed, N, y);
+  }
   RowNorms r;
   for (int64_t i = 0; i < M; ++i)  // rows not safe to screen: the fp32 GEMM's logits, whole (rare)
     if (!row_norms(x + i * ldx, K, norms, &r)) {

@@ -22,8 +22,13 @@
 extern "C" {
 #endif
 
-// 1 when the library was built with AVX512-BF16 and the processor has it, else 0 (then gs_screen refuses).
+// The path gs_screen takes: 2 with AVX512-BF16 (VDPBF16PS); 1 with AVX2+FMA only, the bf16 weights widened to
+// fp32 in registers and multiplied with x unrounded (the bound still holds: dx = 0; as many FMAs as the fp32 GEMM,
+// so slower than it from a few rows); 0 for neither (gs_screen refuses).
 int gs_available(void);
+
+// on > 0: path 1 even where path 2 could run (tests); 0: back to the processor's best; < 0 only asks.
+int gs_widen_only(int on);
 
 // uint16 values the screen's copy of a (K, N) weight takes.
 int64_t gs_packed_size(int64_t K, int64_t N);
