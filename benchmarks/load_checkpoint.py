@@ -1,17 +1,17 @@
 """Loading a real-size checkpoint: time and memory of `checkpoint.load_model` on a Llama-3.2-1B-shaped model.
 
     .venv/bin/python benchmarks/load_checkpoint.py [--checkpoint build/models/llama-1b-shape]
-        [--dtypes float32 bfloat16] [--linear-backends auto torch native]
+        [--dtypes float32 bfloat16] [--linear-backends auto torch native] [--greedy-screen auto|on|off]
 
 Writes the checkpoint first if it is missing: Llama 3.2 1B's shapes (16 layers, 2048 wide, 32 heads / 8 KV heads,
 MLP 8192, vocabulary 128,256, tied embeddings, Llama 3 rope scaling; 1.24B parameters) with random bfloat16
 weights in 4 shards, as Meta ships it (bfloat16). Then each (dtype, linear backend) loads it in a fresh process,
 which samples its own anonymous memory every millisecond (the memory-mapped shards' page cache is not a copy):
-the figure that matters is the peak over the bytes of the parameters the model holds at the end (1.0: the
-weights alone; holding the checkpoint twice, as a whole-file load and its cast would, is 2.0 and more). On the CPU
-the tied lm_head gets its own input-major copy, so the parameters are the checkpoint's weights plus one
-embedding-sized matrix. A bfloat16 load keeps the embedding table as read from the mapped shard (file pages, not
-anonymous memory).
+the figure that matters is the peak over the bytes of the parameters the model holds at the end (with the LM head's
+greedy screen, its bf16 copy too; 1.0: the weights alone; holding the checkpoint twice, as a whole-file load and its
+cast would, is 2.0 and more). On the CPU the tied lm_head gets its own input-major copy, so the parameters are the
+checkpoint's weights plus one embedding-sized matrix. A bfloat16 load keeps the embedding table as read from the
+mapped shard (file pages, not anonymous memory).
 """
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ LLAMA_32_1B = {
     "torch_dtype": "bfloat16",
 }
 
-# Runs in a fresh process: argv = checkpoint, dtype, linear backend. Prints peak anonymous bytes over the
-# baseline, the loaded parameters' bytes, and the model's load report.
+# Runs in a fresh process: argv = checkpoint, dtype, linear backend, greedy screen. Prints peak anonymous bytes over
+# the baseline, the bytes the model holds (parameters, and a greedy screen's copy of the head), and its load report.
 PROBE = r"""
 import sys, threading, time, torch
 from inflight_backend.attention import make_backend
@@ -60,10 +60,12 @@ base = anon()
 thread = threading.Thread(target=sample)
 thread.start()
 model = place(load_model(sys.argv[1], make_backend("torch", torch.device("cpu")), getattr(torch, sys.argv[2])), "cpu",
-              sys.argv[3])
+              sys.argv[3], greedy_screen=sys.argv[4])
 stop.set()
 thread.join()
-print(peak[0] - base, sum(p.numel() * p.element_size() for p in model.parameters()))
+screen = model.greedy_screen  # its bf16 copy of the LM head is held too
+print(peak[0] - base, sum(p.numel() * p.element_size() for p in model.parameters())
+      + (screen.packed.numel() * screen.packed.element_size() if screen is not None else 0))
 print(model.load_report)
 print(model.linear_layout)
 """
@@ -105,9 +107,10 @@ def write_checkpoint(path: Path, config: dict, num_shards: int = 4, seed: int = 
     (path / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def probe(path: Path, dtype: str, linear: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE, str(path), dtype, linear], capture_output=True, text=True,
-                         cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.splitlines()
+def probe(path: Path, dtype: str, linear: str, screen: str = "auto") -> dict:
+    out = subprocess.run([sys.executable, "-c", PROBE, str(path), dtype, linear, screen], capture_output=True,
+                         text=True, cwd=ROOT, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.splitlines()
     peak, weights = map(int, out[0].split())
     return {"dtype": dtype, "linear": linear, "peak": peak, "weights": weights, "report": out[1], "layout": out[2]}
 
@@ -117,6 +120,8 @@ def main() -> None:
     parser.add_argument("--checkpoint", default=str(ROOT / "build/models/llama-1b-shape"))
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--linear-backends", nargs="+", default=["auto"])
+    parser.add_argument("--greedy-screen", default="auto", choices=["auto", "on", "off"],
+                        help="the LM head's bf16 screen (greedy_screen); its copy counts as held")
     args = parser.parse_args()
     path = Path(args.checkpoint)
     if not (path / "config.json").exists():
@@ -129,7 +134,7 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---|")
     for dtype in args.dtypes:
         for linear in args.linear_backends:
-            r = probe(path, dtype, linear)
+            r = probe(path, dtype, linear, args.greedy_screen)
             print(f"| {dtype} | {r['layout']} | {r['weights'] / 2**20:.0f} | {r['peak'] / 2**20:.0f} | "
                   f"{r['peak'] / r['weights']:.2f} | {r['report']} |", flush=True)
 

@@ -33,6 +33,15 @@ def test_packed_linear_equals_linear(lib, bias, rows, in_features, out_features)
     torch.testing.assert_close(PackedLinear(linear, lib)(x), linear(x), atol=1e-5, rtol=1e-5)
 
 
+def test_pack_reads_any_layout_in_place(lib):
+    """An nn.Linear's (out, in) weight is packed through its transposed view, no input-major copy made: the same
+    panels as from the contiguous copy, a partial last tile included."""
+    weight = torch.randn(150, 37)
+    view = weight.t()
+    assert not view.is_contiguous()
+    assert torch.equal(skinny_gemm.pack(lib, view), skinny_gemm.pack(lib, view.contiguous()))
+
+
 # The chunk size the library loads with depends on the processor (its L1 cache), so both sizes it chooses, and
 # one that divides no input width here, are checked on any machine.
 @pytest.mark.parametrize("chunk", [128, 1024, 100])

@@ -47,10 +47,10 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear, lib, pool: ActivationPool | None = None, amx: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight_t = linear.weight.detach().float().t().contiguous()
+        weight_t = linear.weight.detach().float().t()  # a view: packed in place (a real LM head's copy is GBs)
         self.packed = nn.Parameter(skinny_gemm.pack(lib, weight_t), requires_grad=False)
-        self.amx_packed = (nn.Parameter(skinny_gemm.amx_pack(lib, weight_t), requires_grad=False) if amx
-                           else None)
+        self.amx_packed = (nn.Parameter(skinny_gemm.amx_pack(lib, weight_t.contiguous()), requires_grad=False)
+                           if amx else None)
         self.amx_min_rows = skinny_gemm.amx_min_rows(lib)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float().contiguous(),
                                                                  requires_grad=False)

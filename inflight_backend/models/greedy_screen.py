@@ -36,7 +36,7 @@ def _declare(lib: ctypes.CDLL) -> int:
     lib.gs_packed_size.restype = _I64
     lib.gs_packed_size.argtypes = [_I64, _I64]
     lib.gs_pack.restype = ctypes.c_int
-    lib.gs_pack.argtypes = [_PTR, _I64, _I64, _PTR, _PTR]
+    lib.gs_pack.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR]
     lib.gs_screen.restype = ctypes.c_int
     lib.gs_screen.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR]
     lib.gs_refine.restype = _I64
@@ -62,12 +62,12 @@ class GreedyScreen:
         """weight: the head's (vocab, hidden) fp32 weight; packed_f32: the PackedLinear's panels of it."""
         if not available(lib):
             raise RuntimeError("greedy screen: the library has no screen, or this processor lacks AVX512-BF16")
-        weight_t = weight.detach().float().t().contiguous()
-        self.in_features, self.out_features = weight_t.shape
-        self.packed = torch.empty(lib.gs_packed_size(*weight_t.shape), dtype=torch.int16)
+        weight = weight.detach().float()  # (vocab, hidden), read in place: a real head's fp32 copy is gigabytes
+        self.out_features, self.in_features = weight.shape
+        self.packed = torch.empty(lib.gs_packed_size(self.in_features, self.out_features), dtype=torch.int16)
         self.norms = torch.empty(3, dtype=torch.float64)  # the bound's largest column norms (greedy_screen.h)
-        if lib.gs_pack(weight_t.data_ptr(), self.in_features, self.out_features, self.packed.data_ptr(),
-                       self.norms.data_ptr()) != skinny_gemm.SG_OK:
+        if lib.gs_pack(weight.data_ptr(), self.in_features, self.out_features, weight.stride(1), weight.stride(0),
+                       self.packed.data_ptr(), self.norms.data_ptr()) != skinny_gemm.SG_OK:
             raise ValueError("greedy_screen: the LM head's weight has a non-finite value")
         self.packed_f32 = packed_f32
         self.recomputed = 0  # logits refine has computed in fp32, in all (a benchmark's figure)

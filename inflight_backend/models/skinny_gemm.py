@@ -28,6 +28,9 @@ def load_library(path: Path | None = None) -> ctypes.CDLL | None:
     lib.sg_packed_size.argtypes = [_I64, _I64]
     lib.sg_pack_f32.restype = ctypes.c_int
     lib.sg_pack_f32.argtypes = [_PTR, _I64, _I64, _PTR]
+    if hasattr(lib, "sg_pack_f32_strided"):  # (older builds, a benchmark's --baseline-lib, pack contiguous ones)
+        lib.sg_pack_f32_strided.restype = ctypes.c_int
+        lib.sg_pack_f32_strided.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR]
     lib.sg_gemm_f32.restype = ctypes.c_int
     lib.sg_gemm_f32.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR]
     if hasattr(lib, "sg_chunk_rows"):  # builds before it (a benchmark's --baseline-lib) choose no chunk size
@@ -52,10 +55,17 @@ def load_library(path: Path | None = None) -> ctypes.CDLL | None:
 
 
 def pack(lib: ctypes.CDLL, weight_t: torch.Tensor) -> torch.Tensor:
-    """weight_t: (K, N) fp32 contiguous (input-major) -> the kernel's packed panels (1-D)."""
+    """weight_t: (K, N) fp32 (input-major), any strides (an nn.Linear's weight.t() is read in place, no copy)
+    -> the kernel's packed panels (1-D)."""
     k, n = weight_t.shape
     packed = torch.empty(lib.sg_packed_size(k, n), dtype=torch.float32)
-    if lib.sg_pack_f32(weight_t.data_ptr(), k, n, packed.data_ptr()) != SG_OK:
+    if hasattr(lib, "sg_pack_f32_strided"):
+        status = lib.sg_pack_f32_strided(weight_t.data_ptr(), k, n, weight_t.stride(0), weight_t.stride(1),
+                                         packed.data_ptr())
+    else:
+        weight_t = weight_t.contiguous()
+        status = lib.sg_pack_f32(weight_t.data_ptr(), k, n, packed.data_ptr())
+    if status != SG_OK:
         raise ValueError(f"cannot pack a weight of shape {tuple(weight_t.shape)}")
     return packed
 

@@ -266,20 +266,27 @@ extern "C" int gs_available(void) {
 
 extern "C" int64_t gs_packed_size(int64_t K, int64_t N) { return (N + kTile - 1) / kTile * pairs(K) * 2 * kTile; }
 
-extern "C" int gs_pack(const float* w, int64_t K, int64_t N, uint16_t* packed, double* norms) {
+extern "C" int gs_pack(const float* w, int64_t K, int64_t N, int64_t stride_k, int64_t stride_n, uint16_t* packed,
+                       double* norms) {
   if (K <= 0 || N <= 0) return SG_ERR_SHAPE;
   const int64_t P = pairs(K);
   std::vector<double> sw(N, 0.0), sb(N, 0.0), sd(N, 0.0);
-  for (int64_t k = 0; k < K; ++k)
-    for (int64_t n = 0; n < N; ++n) {
-      const float v = w[k * N + n];
-      if (!isfinite(v)) return SG_ERR_SHAPE;
+  int bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+  for (int64_t n = 0; n < N; ++n) {
+    double s0 = 0, s1 = 0, s2 = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = w[k * stride_k + n * stride_n];
+      bad += !isfinite(v);
       uint32_t bits = (uint32_t)to_bf16(v) << 16;
       float b;
       memcpy(&b, &bits, 4);
       const double d = (double)v - (double)b;
-      sw[n] += (double)v * v, sb[n] += (double)b * b, sd[n] += d * d;
+      s0 += (double)v * v, s1 += (double)b * b, s2 += d * d;
     }
+    sw[n] = s0, sb[n] = s1, sd[n] = s2;
+  }
+  if (bad) return SG_ERR_SHAPE;
   double most[3] = {0, 0, 0};
   for (int64_t n = 0; n < N; ++n) {
     most[0] = sw[n] > most[0] ? sw[n] : most[0];
@@ -288,12 +295,13 @@ extern "C" int gs_pack(const float* w, int64_t K, int64_t N, uint16_t* packed, d
   }
   for (int i = 0; i < 3; ++i) norms[i] = sqrt(most[i]) * (1.0 + 1e-12);
   const int64_t tiles = (N + kTile - 1) / kTile;
+#pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tiles; ++t)
     for (int64_t p = 0; p < P; ++p)
       for (int64_t c = 0; c < kTile; ++c)
         for (int e = 0; e < 2; ++e) {
           const int64_t n = t * kTile + c, k = 2 * p + e;
-          packed[(t * P + p) * 2 * kTile + 2 * c + e] = n < N && k < K ? to_bf16(w[k * N + n]) : 0;
+          packed[(t * P + p) * 2 * kTile + 2 * c + e] = n < N && k < K ? to_bf16(w[k * stride_k + n * stride_n]) : 0;
         }
   return SG_OK;
 }

@@ -31,20 +31,30 @@ constexpr int64_t kPacked = SG_TILE;
 
 extern "C" int64_t sg_packed_size(int64_t K, int64_t N) { return (N + SG_TILE - 1) / SG_TILE * K * SG_TILE; }
 
-extern "C" int sg_pack_f32(const float* w, int64_t K, int64_t N, float* packed) {
+extern "C" int sg_pack_f32_strided(const float* w, int64_t K, int64_t N, int64_t stride_k, int64_t stride_n,
+                                   float* packed) {
   if (K <= 0 || N <= 0) return SG_ERR_SHAPE;
   const int64_t tiles = (N + SG_TILE - 1) / SG_TILE;
+#pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tiles; ++t)
     for (int64_t part = 0; part < SG_TILE / kPacked; ++part) {
       const int64_t n0 = t * SG_TILE + part * kPacked;
       const int64_t width = N - n0 >= kPacked ? kPacked : N - n0 > 0 ? N - n0 : 0;
       for (int64_t k = 0; k < K; ++k) {
         float* dst = packed + t * K * SG_TILE + (part * K + k) * kPacked;
-        if (width > 0) memcpy(dst, w + k * N + n0, width * sizeof(float));
+        if (stride_n == 1) {
+          if (width > 0) memcpy(dst, w + k * stride_k + n0, width * sizeof(float));
+        } else {
+          for (int64_t c = 0; c < width; ++c) dst[c] = w[k * stride_k + (n0 + c) * stride_n];
+        }
         memset(dst + width, 0, (kPacked - width) * sizeof(float));
       }
     }
   return SG_OK;
+}
+
+extern "C" int sg_pack_f32(const float* w, int64_t K, int64_t N, float* packed) {
+  return sg_pack_f32_strided(w, K, N, N, 1, packed);
 }
 
 // Each output of sg_gemm_f32 (without bias) is one chain of fused multiply-adds over k ascending, from zero: both

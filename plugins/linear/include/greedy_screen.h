@@ -33,9 +33,11 @@ int gs_widen_only(int on);
 // uint16 values the screen's copy of a (K, N) weight takes.
 int64_t gs_packed_size(int64_t K, int64_t N);
 
-// w: (K, N) input-major fp32 -> packed bf16 panels (gs_packed_size values, rounded to nearest even) and norms[3]:
-// the largest column norms of w, w^ and dw, rounded up. SG_ERR_SHAPE for a non-finite weight.
-int gs_pack(const float* w, int64_t K, int64_t N, uint16_t* packed, double* norms);
+// w: a (K, N) fp32 weight, element (k, n) at w[k * stride_k + n * stride_n] (an nn.Linear's (N, K) weight as it
+// is: stride_k 1, stride_n K; no copy) -> packed bf16 panels (gs_packed_size values, rounded to nearest even) and
+// norms[3]: the largest column norms of w, w^ and dw, rounded up. SG_ERR_SHAPE for a non-finite weight.
+int gs_pack(const float* w, int64_t K, int64_t N, int64_t stride_k, int64_t stride_n, uint16_t* packed,
+            double* norms);
 
 // y (M, N contiguous) = approximate logits of x (M, K; row stride ldx) within B of sg_gemm_f32's; rows that are
 // not safe to approximate get sg_gemm_f32's values (packed_f32: sg_pack_f32's form of the same weight).

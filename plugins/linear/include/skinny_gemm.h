@@ -20,6 +20,10 @@ int64_t sg_packed_size(int64_t K, int64_t N);
 // w: (K, N) row-major (input-major) -> packed (sg_packed_size floats).
 int sg_pack_f32(const float* w, int64_t K, int64_t N, float* packed);
 
+// The same from any layout: element (k, n) at w[k * stride_k + n * stride_n] (an nn.Linear's (N, K) weight as it
+// is: stride_k 1, stride_n K), without a transposed copy of it.
+int sg_pack_f32_strided(const float* w, int64_t K, int64_t N, int64_t stride_k, int64_t stride_n, float* packed);
+
 // y = x @ w + bias. x: (M, K) with row stride ldx (elements); packed: from sg_pack_f32; bias: (N,) or NULL;
 // y: (M, N) contiguous. Returns SG_ERR_UNSUPPORTED when built without AVX-512 or AVX2+FMA (the caller uses its
 // own GEMM).
