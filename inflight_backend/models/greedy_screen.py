@@ -61,7 +61,8 @@ class GreedyScreen:
     def __init__(self, lib: ctypes.CDLL, weight: torch.Tensor, packed_f32: torch.Tensor) -> None:
         """weight: the head's (vocab, hidden) fp32 weight; packed_f32: the PackedLinear's panels of it."""
         if not available(lib):
-            raise RuntimeError("greedy screen: the library has no screen, or this processor lacks AVX512-BF16")
+            raise RuntimeError("greedy screen: the library has no screen, or this processor has neither AVX512-BF16 "
+                               "nor AVX2+FMA")
         weight = weight.detach().float()  # (vocab, hidden), read in place: a real head's fp32 copy is gigabytes
         self.out_features, self.in_features = weight.shape
         self.packed = torch.empty(lib.gs_packed_size(self.in_features, self.out_features), dtype=torch.int16)
