@@ -5,6 +5,8 @@ reports it, and the engine ends that request alone with the message.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -45,8 +47,7 @@ class Sampler:
         if gen is None:
             gen = self._generators[req_id] = torch.Generator(device=logits.device)
             gen.manual_seed(p.seed if p.seed is not None else torch.seed())
-        probs = filter_probs(scale(logits, p.temperature), p.top_k, p.top_p)
-        return int(torch.multinomial(probs, 1, generator=gen))
+        return draw(filter_probs(scale(logits, p.temperature), p.top_k, p.top_p), gen)
 
 
 def non_finite_rows(logits: torch.Tensor, tokens: list[int]) -> list[int]:
@@ -96,13 +97,47 @@ def scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def filter_probs(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Softmax over the top-k logits, then the smallest prefix whose mass reaches top_p (always >= 1 token)."""
-    sorted_logits, order = torch.sort(logits, descending=True)
-    if top_k > 0:
-        sorted_logits[top_k:] = float("-inf")
-    probs = torch.softmax(sorted_logits, dim=-1)
+    """Softmax over the top-k logits, then the smallest prefix whose mass reaches top_p (always >= 1 token).
+
+    Sorts only what the filters need (a 32,000-value sort takes ~2.4 ms on a CPU core): nothing without them, the
+    top k with top_k, and with top_p alone the best NUCLEUS_FIRST tokens, 4x more until their mass reaches top_p
+    (then every token past them is cut: their strictly better mass is at least that), all of them at worst."""
+    n = logits.shape[-1]
+    top_k = top_k if 0 < top_k < n else 0
+    if not top_k and top_p >= 1.0:
+        return torch.softmax(logits, dim=-1)
+    if top_k:
+        sorted_logits, order = torch.topk(logits, top_k)
+        probs = torch.softmax(sorted_logits, dim=-1)
+    else:
+        lse = torch.logsumexp(logits, dim=-1)
+        k = NUCLEUS_FIRST
+        while True:
+            sorted_logits, order = torch.topk(logits, k) if k < n else torch.sort(logits, descending=True)
+            probs = torch.exp(sorted_logits - lse)  # the softmax over every token, for the best k
+            if k >= n or float(probs.sum()) >= top_p:
+                break
+            k *= 4
     if top_p < 1.0:
         before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly better tokens
         probs = probs.masked_fill(before >= top_p, 0.0)
-        probs = probs / probs.sum()
-    return torch.zeros_like(probs).scatter_(0, order, probs)
+    probs = probs / probs.sum()
+    return torch.zeros(n, dtype=probs.dtype, device=probs.device).scatter_(0, order, probs)
+
+
+NUCLEUS_FIRST = 64  # tokens filter_probs sorts first for a top_p alone
+
+
+def draw(probs: torch.Tensor, gen: torch.Generator) -> int:
+    """One index with probability probs[i] / sum(probs) (non-negative, finite, some positive), by one uniform
+    draw from `gen` against the running sum: ~0.05 ms on 32,000 values where torch.multinomial takes ~0.9. A zero
+    weight is never drawn (the first running sum above the draw is a positive weight's)."""
+    cdf = torch.cumsum(probs, dim=-1)
+    total = float(cdf[-1])
+    if not (math.isfinite(total) and total > 0) or bool((probs < 0).any()):
+        raise ValueError("no probability mass to sample from (non-finite or negative weights)")
+    u = torch.rand((), generator=gen, dtype=cdf.dtype, device=cdf.device) * total
+    index = int(torch.searchsorted(cdf, u, right=True))
+    if index >= probs.shape[-1]:  # u rounded up to the total: the last token with weight
+        index = int(torch.nonzero(probs).max())
+    return index

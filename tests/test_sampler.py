@@ -86,3 +86,44 @@ def test_non_finite_chosen_logits_are_found_on_either_path(layout):
     logits = {"float32": base, "bfloat16": base.to(torch.bfloat16), "transposed": base.t().contiguous().t()}[layout]
     assert non_finite_rows(logits, [3, 3, 0, 9, 1]) == [1, 3]  # row 4's NaN is not the chosen one
     assert non_finite_rows(logits, [0, 0, 0, 0, 2]) == []
+
+
+def reference_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """The filters over a full sort, as written before filter_probs sorted only what they need."""
+    sorted_logits, order = torch.sort(logits, descending=True)
+    if top_k > 0:
+        sorted_logits[top_k:] = float("-inf")
+    probs = torch.softmax(sorted_logits, dim=-1)
+    if top_p < 1.0:
+        before = torch.cumsum(probs, dim=-1) - probs
+        probs = probs.masked_fill(before >= top_p, 0.0)
+        probs = probs / probs.sum()
+    return torch.zeros_like(probs).scatter_(0, order, probs)
+
+
+# Peaked rows (the nucleus in the first 64 tokens) and flat ones (it takes several widenings, or the whole sort);
+# a masked token; top-k larger than the vocabulary.
+@pytest.mark.parametrize("spread", [0.05, 1.0, 8.0])
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (5, 1.0), (0, 0.9), (0, 0.3), (40, 0.8), (5000, 0.95), (0, 0.999)])
+def test_filters_keep_the_same_tokens_and_mass_as_a_full_sort(spread, top_k, top_p):
+    logits = (torch.randn(3000, generator=torch.Generator().manual_seed(int(spread * 10) + top_k)) * spread).double()
+    logits[17] = float("-inf")
+    got, want = filter_probs(logits.clone(), top_k, top_p), reference_filter(logits.clone(), top_k, top_p)
+    assert torch.equal(got > 0, want > 0)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_draw_never_takes_a_zero_weight_and_follows_the_weights():
+    from inflight_backend.sampler import draw
+
+    weights = torch.tensor([0.0, 1.0, 0.0, 3.0, 0.0], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.bincount(torch.tensor([draw(weights, gen) for _ in range(4000)]), minlength=5)
+    assert counts[[0, 2, 4]].sum() == 0
+    assert 0.22 < counts[1] / 4000 < 0.28  # 1/4, the binomial spread ~0.007
+    same = [draw(weights, torch.Generator().manual_seed(9)) for _ in range(2)]
+    assert same[0] == same[1]
+    with pytest.raises(ValueError, match="no probability mass"):
+        draw(torch.zeros(4, dtype=torch.float64), gen)
+    with pytest.raises(ValueError, match="no probability mass"):
+        draw(torch.tensor([0.5, float("nan")], dtype=torch.float64), gen)
