@@ -4,6 +4,7 @@
                                                    [--dtype float32|bfloat16] [--linear-backend auto|native|torch]
                                                    [--steps 30] [--repeat 3] [--profile]
                                                    [--greedy-screen auto|on|off]
+                                                   [--temperature T [--top-k K] [--top-p P]]
 
 Every decode step reads every weight except the embedding table (gathered, not streamed) and does 2 FLOPs per
 weight per sequence. The floor of a step is the larger of: those bytes over the read bandwidth measured here
@@ -30,6 +31,7 @@ import gc
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -39,6 +41,8 @@ from inflight_backend.config import EngineConfig  # noqa: E402
 from inflight_backend.engine import InflightEngine  # noqa: E402
 from inflight_backend.request import SamplingParams  # noqa: E402
 from inflight_backend.models import skinny_gemm  # noqa: E402
+
+GREEDY = SamplingParams(max_tokens=1)  # every request of a timing: greedy, unless --temperature
 
 
 def streamed_bytes(engine: InflightEngine) -> int:
@@ -71,7 +75,7 @@ def gemm_peak(dtype: torch.dtype, repeat: int) -> tuple[float, float | None]:
 
 
 def step_time(engine: InflightEngine, batch: int, context: int, steps: int, repeat: int,
-              tag: str) -> tuple[float, float | None]:
+              tag: str, sampling: SamplingParams = GREEDY) -> tuple[float, float | None]:
     """The best step time over `repeat` runs of `steps` steps, and, when the model runs its layers in one native
     call (models/decoder_stack.py), the same through its modules, the two runs alternating."""
     model = engine.runner.model
@@ -81,7 +85,7 @@ def step_time(engine: InflightEngine, batch: int, context: int, steps: int, repe
     total = steps * repeat * len(modes) + 8
     for i in range(batch):
         engine.add_request(f"{tag}-{i}", [rng.randrange(3, engine.runner.vocab_size) for _ in range(context)],
-                           SamplingParams(max_tokens=total, min_tokens=total))
+                           replace(sampling, max_tokens=total, min_tokens=total))
     for _ in range(6):  # prefill, then warm decode steps
         engine.step()
     best = [float("inf")] * len(modes)
@@ -104,7 +108,8 @@ def _decoder_stack(model, stack):
         model.decoder_stack = saved
 
 
-def profile(engine: InflightEngine, batch: int, context: int, steps: int, top: int = 14) -> str:
+def profile(engine: InflightEngine, batch: int, context: int, steps: int, top: int = 14,
+            sampling: SamplingParams = GREEDY) -> str:
     """A markdown table: the operators taking the most of `steps` decode steps at `batch`, per step."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -113,7 +118,7 @@ def profile(engine: InflightEngine, batch: int, context: int, steps: int, top: i
     total = steps + 8
     for i in range(batch):
         engine.add_request(f"p-{i}", [rng.randrange(3, engine.runner.vocab_size) for _ in range(context)],
-                           SamplingParams(max_tokens=total, min_tokens=total))
+                           replace(sampling, max_tokens=total, min_tokens=total))
     for _ in range(6):
         engine.step()
     with _native_kernels_labelled(), torch_profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -174,6 +179,9 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--linear-backend", default="auto", choices=["auto", "native", "torch"])
+    parser.add_argument("--temperature", type=float, default=0.0, help="every request samples (0: greedy)")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--greedy-screen", default="auto", choices=["auto", "on", "off"],
                         help="the LM head of these greedy steps through its bf16 screen (greedy_screen); the floors "
                              "stay the fp32 head's")
@@ -182,6 +190,7 @@ def main(argv=None) -> None:
     parser.add_argument("--context", type=int, default=64, help="prompt tokens of every sequence")
     parser.add_argument("--profile", action="store_true", help="then break a step at the largest batch down")
     args = parser.parse_args(argv)
+    sampling = SamplingParams(max_tokens=1, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=0)
     most = max(args.batches)
     per_seq = args.context + args.steps * (2 * args.repeat + 1) + 16  # tokens a sequence reaches, and to spare
     engine = InflightEngine(EngineConfig(checkpoint=args.checkpoint, dtype=args.dtype, max_batch_size=most,
@@ -202,17 +211,17 @@ def main(argv=None) -> None:
     print("| batch | step (ms) | tokens/s | memory floor (ms) | compute floor (ms) | step / floor | GFLOP/s "
           "| through the modules (ms) | modules / one call |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for batch in args.batches:
-        t, modules = step_time(engine, batch, args.context, args.steps, args.repeat, f"b{batch}")
+        t, modules = step_time(engine, batch, args.context, args.steps, args.repeat, f"b{batch}", sampling)
         memory, compute = (weights + batch * args.context * kv_per_token) / bandwidth, 2 * params * batch / peak
         apart = "| - | - |" if modules is None else f"| {modules * 1e3:.2f} | {modules / t:.2f} |"
         print(f"| {batch} | {t * 1e3:.2f} | {batch / t:.0f} | {memory * 1e3:.2f} | {compute * 1e3:.2f} | "
               f"{t / max(memory, compute):.2f} | {2 * params * batch / t / 1e9:.0f} {apart}", flush=True)
     if args.profile:
-        print(profile(engine, most, args.context, args.steps))
+        print(profile(engine, most, args.context, args.steps, sampling=sampling))
         if engine.runner.model.decoder_stack is not None:  # its kernels run inside one C call: the module
             with _decoder_stack(engine.runner.model, None):  # path shows them one by one
                 print("\nThe same through the modules (the same kernels, called from Python):")
-                print(profile(engine, most, args.context, args.steps))
+                print(profile(engine, most, args.context, args.steps, sampling=sampling))
 
 
 if __name__ == "__main__":
