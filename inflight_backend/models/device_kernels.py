@@ -21,13 +21,12 @@ def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto",
     if torch.device(device).type != "cpu" and greedy_screen == "on":
         raise RuntimeError(f"greedy_screen: on applies to CPU models (device {device}); use auto or off")
     if torch.device(device).type == "cpu":
-        head_weight = model.lm_head.weight
+        head_weight, sgemm = model.lm_head.weight, skinny_gemm.load_library()
         model.linear_layout = convert_cpu_linears(model, linear_backend, head_weight.dtype, amx_gemm)
-        model.greedy_screen = greedy_screen_module.build(skinny_gemm.load_library(), head_weight, model.lm_head,
-                                                         greedy_screen)
+        model.greedy_screen = greedy_screen_module.build(sgemm, head_weight, model.lm_head, greedy_screen)
         del head_weight
         if model.greedy_screen is not None:
-            widened = greedy_screen_module.path(skinny_gemm.load_library()) == greedy_screen_module.WIDENED
+            widened = greedy_screen_module.path(sgemm) == greedy_screen_module.WIDENED
             model.linear_layout += ", greedy steps' LM head screened in bf16" + (" (AVX2, widened)" if widened else "")
         ops = cpu_ops.load_library()
         if isinstance(model.lm_head, PackedLinear) and ops is not None:  # fp32, contiguous linear outputs

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "claimed_ranges.h"
+#include "row_split.h"
 #include "skinny_gemm.h"
 
 #if defined(__x86_64__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 11))
@@ -116,7 +117,8 @@ constexpr RowBlockFn kRowBlocks[kRows + 1] = {nullptr, row_block<1>, row_block<2
 
 GS_TARGET void screen_rows(const uint32_t* xp, int64_t M, int64_t P, const uint16_t* packed, int64_t N, float* y) {
   const int64_t tiles = (N + kTile - 1) / kTile, panel_values = P * 2 * kTile;
-  const int64_t blocks = (M + kRows - 1) / kRows, lines = panel_values * 2 / 64;
+  const inflight::RowSplit split(M, kRows);
+  const int64_t blocks = split.blocks, lines = panel_values * 2 / 64;
   const int per = (int)((lines + blocks * P - 1) / (blocks * P));
   inflight::ClaimedRanges work(tiles, omp_get_max_threads());
 #pragma omp parallel
@@ -124,7 +126,7 @@ GS_TARGET void screen_rows(const uint32_t* xp, int64_t M, int64_t P, const uint1
     const uint16_t* panel = packed + t * panel_values;
     const char* next = t + 1 < tiles ? reinterpret_cast<const char*>(panel + panel_values) : nullptr;
     for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
-      const int rows = (int)(M / blocks + (b < M % blocks ? 1 : 0));
+      const int rows = split.rows(b);
       kRowBlocks[rows](xp + m0 * P, P, panel, N, t * kTile, y + m0 * N, next, b * P * per, next ? lines : 0, per);
       m0 += rows;
     }
@@ -178,13 +180,13 @@ constexpr RowBlockAvx2Fn kRowBlocksAvx2[kRowsAvx2 + 1] = {nullptr, row_block_avx
 void screen_rows_avx2(const float* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* packed, int64_t N,
                       float* y) {
   const int64_t tiles = (N + kTile - 1) / kTile, panel_values = pairs(K) * 2 * kTile;
-  const int64_t blocks = (M + kRowsAvx2 - 1) / kRowsAvx2;
+  const inflight::RowSplit split(M, kRowsAvx2);
   inflight::ClaimedRanges work(tiles, omp_get_max_threads());
 #pragma omp parallel
   for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;)
     for (int64_t q = 0; q < kTile / 16 && t * kTile + 16 * q < N; ++q)
-      for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
-        const int rows = (int)(M / blocks + (b < M % blocks ? 1 : 0));
+      for (int64_t b = 0, m0 = 0; b < split.blocks; ++b) {
+        const int rows = split.rows(b);
         kRowBlocksAvx2[rows](x + m0 * ldx, ldx, K, packed + t * panel_values + 32 * q, N, t * kTile + 16 * q,
                              y + m0 * N);
         m0 += rows;

@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "claimed_ranges.h"
+#include "row_split.h"
 
 namespace {
 // Columns a panel stores side by side: the whole tile where AVX-512 walks it (a k row of the tile, 256 bytes, is
@@ -90,14 +91,7 @@ extern "C" int sg_dot_columns(const float* x, int64_t K, const float* packed, in
 
 namespace {
 
-// Rows [s0, s1) of x in blocks of at most `max_rows`, split as evenly as that allows (32 rows, 6 at most:
-// 6,6,5,5,5,5, not 6,6,6,6,6,2): a block of few rows pays a whole pass over a chunk of the panel for little work.
-struct RowSplit {
-  int64_t blocks, base, extra;
-  RowSplit(int64_t rows, int max_rows)
-      : blocks((rows + max_rows - 1) / max_rows), base(rows / blocks), extra(rows % blocks) {}
-  int rows(int64_t b) const { return (int)(base + (b < extra ? 1 : 0)); }
-};
+using inflight::RowSplit;  // (row_split.h)
 
 // What one pass of a row block over a chunk prefetches into L2: `count` cache lines from `start`, `per` of them
 // at every (1 << shift)-th k row.
