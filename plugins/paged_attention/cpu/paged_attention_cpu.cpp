@@ -7,6 +7,7 @@
 // least kMinTiledRows rows score a chunk of keys as a small GEMM (the chunk transposed once, keys along the
 // vector lanes, four rows per register tile) instead of one horizontal dot per (row, key).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -469,6 +470,17 @@ struct Scratch {  // per-thread buffers, allocated once per call
   }
 };
 
+// The task a thread takes after this one, when it is a single query from key 0 (a decode): its K and V, and
+// its keys. Its first chunk's rows are fetched beside this task's last chunks, as a chunk's next one is: each
+// task's first keys had been read cold (a decode batch's tasks are a few chunks each; batch 32 x 128-512 keys
+// from memory 0.76-0.93x the time, `benchmarks/attention.py --layers 8`).
+template <typename T>
+struct NextTask {
+  const Seq<T>* k = nullptr;
+  const Seq<T>* v = nullptr;
+  int n = 0;  // its keys (0: no next task to fetch)
+};
+
 // Attention of `rows` query rows (already scaled, in w.q; row r sees keys [w.first[r], w.limit[r]), both
 // ascending with r) over keys [w.first[0], num_keys), num_keys = the largest limit. Row r is head r % group_size
 // of token r / group_size:
@@ -479,9 +491,11 @@ struct Scratch {  // per-thread buffers, allocated once per call
 // cache, are read in one pass from memory instead of one strided pass per head.
 // `tiled` (heads == 1, rows >= kMinTiledRows: a prompt's query block) scores chunks as register tiles; a
 // compile-time choice, so the decode path's code is not compiled around the tiles' (1.15-1.25x slower decodes).
+// `after` (untiled): the thread's next task, whose first chunk is fetched during this one's last chunks.
 template <bool tiled, typename T>
 void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T>& k, const Seq<T>& v,
-            int num_keys, Scratch& w, T* out, int64_t out_token_stride, int64_t out_head_stride) {
+            int num_keys, Scratch& w, T* out, int64_t out_token_stride, int64_t out_head_stride,
+            NextTask<T> after = {}) {
   const int D = p.head_size, group = rows, per_head = rows / heads;
   const float* q = w.q.data();
   const int *first = w.first.data(), *limit = w.limit.data();
@@ -497,14 +511,23 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
   // ask for its first kAhead keys' rows at once.
   const bool vector_dots = kHaveDots && std::is_same<T, float>::value && D % 16 == 0;
   const bool v_tiles = (D == 64 && per_head >= 4) || (D == 128 && per_head >= 2);  // accumulate_tile's R rows
+  int spilled = 0;  // keys of the next task asked for so far
   for (int k0 = start; k0 < num_keys; k0 += kChunk) {
     const int n = std::min(kChunk, num_keys - k0);
     // The next chunk's rows: decodes fetch them into L2 while this chunk is used; then they are this loop's next.
     const T *knext[kChunk], *vnext[kChunk];
-    const int nn = k0 + n < num_keys ? std::min(kChunk, num_keys - k0 - n) : 0, ahead = tiled ? 0 : nn;
+    const int nn = k0 + n < num_keys ? std::min(kChunk, num_keys - k0 - n) : 0;
+    int ahead = tiled ? 0 : nn;
     if (nn > 0) {
       k.rows(k0 + n, nn, knext);
       v.rows(k0 + n, nn, vnext);
+    }
+    // Near the end, the next task's first chunk joins the rows fetched beside this chunk (after its rows' n).
+    if (const int extra = std::min(kChunk - nn, std::min(kChunk, after.n) - spilled); !tiled && extra > 0) {
+      after.k->rows(spilled, extra, knext + nn);
+      after.v->rows(spilled, extra, vnext + nn);
+      ahead = nn + extra;
+      spilled += extra;
     }
     if (ahead > 0 && !(vector_dots && v_tiles))
       for (int h = 0; h < heads; ++h) {
@@ -598,7 +621,8 @@ inline int keys_read(const pa_params& p, int end, int nq) {
 // a one-block sequence (a decode) goes whole, all KV heads in one task: the heads of a token share cache lines,
 // so the second head's pass finds them in this core's cache instead of fetching them again; unless the whole
 // task would be more than a thread's share of the call (a long context among short ones), which would leave one
-// thread doing it alone. Largest first, handed out one at a time, keeps the big tasks from ending the call.
+// thread doing it alone. Largest first, handed out one at a time, keeps the big tasks from ending the call; a
+// thread claims its next task when it starts one, so that task's first keys can be fetched early (NextTask).
 std::vector<Task> make_tasks(const pa_params& p, const int32_t* context_lens, const int32_t* qsl, int block) {
   const int threads = omp_get_max_threads();
   int64_t total = 0;  // per KV head
@@ -631,13 +655,24 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
   const int block = std::min(max_q, std::max(1, kMaxRows / group));  // queries per block
   const std::vector<Task> tasks = make_tasks(p, context_lens, qsl, block);
   const int num_tasks = int(tasks.size());
+  std::atomic<int> claim{0};
 #pragma omp parallel
   {
     // sized for this call: decode-only steps allocate a few rows, or a token's heads taken together
     Scratch w(std::max(block * group, p.num_heads), D, block * group >= kMinTiledRows);
-#pragma omp for schedule(dynamic, 1)
-    for (int i = 0; i < num_tasks; ++i) {
+    // Tasks claimed one ahead, so the one after is known while this one runs (its first keys fetched early).
+    int i = claim.fetch_add(1, std::memory_order_relaxed);
+    while (i < num_tasks) {
+      const int after = claim.fetch_add(1, std::memory_order_relaxed);
       const Task& task = tasks[i];
+      NextTask<T> hint;
+      Seq<T> hk{kc, nullptr, &p, 0}, hv{vc, nullptr, &p, 0};
+      if (after < num_tasks && tasks[after].nq == 1 && tasks[after].nh == task.nh && p.sliding_window == 0) {
+        const Task& t2 = tasks[after];
+        hk.table = hv.table = block_tables + int64_t(t2.s) * p.max_blocks_per_seq;
+        hk.kv_head = hv.kv_head = t2.h0;
+        hint = {&hk, &hv, context_lens[t2.s] - (qsl[t2.s + 1] - qsl[t2.s]) + t2.j0 + 1};
+      }
       const int s = task.s, j0 = task.j0, nq = task.nq;
       const int32_t* table = block_tables + int64_t(s) * p.max_blocks_per_seq;
       const int q0 = qsl[s], num_q = qsl[s + 1] - qsl[s], len = context_lens[s];
@@ -661,8 +696,9 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
           attend<true>(p, rows, group, 1, k, v, len - num_q + j0 + nq, w, dst, p.out_stride_token, p.out_stride_head);
         else
           attend<false>(p, rows, group * together, together, k, v, len - num_q + j0 + nq, w, dst, p.out_stride_token,
-                        p.out_stride_head);
+                        p.out_stride_head, h + together >= task.h0 + task.nh ? hint : NextTask<T>{});
       }
+      i = after;
     }
   }
 }
