@@ -143,22 +143,55 @@ inline __m512 sum16(__m512* a) {
                        _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// scores[g * kChunk + i] = q[g] . k_i for the n keys of a chunk, 16 keys per pass: each key's products are
-// summed across its D / 16 vectors in registers, then the 16 keys' vectors reduced together (sum16).
-// D is a multiple of 16; keys past n (a partial last pass) are not read.
+// Four rows' products with four keys (16 sums in registers), D / 16 vectors each, reduced together (sum16):
+// each K vector is loaded once for the four rows. scores[r * kChunk + j] for r, j < 4.
+PA_WIDE inline void dots_4x4(const float* q, const float* const* krows, int D, float* scores) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (int d = 0; d < D; d += 16) {
+    const __m512 k0 = _mm512_loadu_ps(krows[0] + d), k1 = _mm512_loadu_ps(krows[1] + d),
+                 k2 = _mm512_loadu_ps(krows[2] + d), k3 = _mm512_loadu_ps(krows[3] + d);
+    for (int r = 0; r < 4; ++r) {
+      const __m512 qv = _mm512_loadu_ps(q + r * D + d);
+      acc[4 * r] = _mm512_fmadd_ps(qv, k0, acc[4 * r]);
+      acc[4 * r + 1] = _mm512_fmadd_ps(qv, k1, acc[4 * r + 1]);
+      acc[4 * r + 2] = _mm512_fmadd_ps(qv, k2, acc[4 * r + 2]);
+      acc[4 * r + 3] = _mm512_fmadd_ps(qv, k3, acc[4 * r + 3]);
+    }
+  }
+  const __m512 sums = sum16(acc);  // lane 4r + j: row r, key j
+  for (int r = 0; r < 4; ++r) _mm_storeu_ps(scores + r * kChunk, _mm512_extractf32x4_ps(sums, r));
+}
+
+// scores[g * kChunk + i] = q[g] . k_i for the n keys of a chunk, 16 keys per pass: whole passes in 4 x 4 blocks
+// of rows and keys (dots_4x4), other rows one at a time, each key's products summed across its D / 16 vectors in
+// registers, then the 16 keys' vectors reduced together (sum16). D is a multiple of 16; keys past n (a partial
+// last pass) are not read. (A pass's sums are in registers only where the compiler sees 16 of them: with the
+// pass's key count as the loop's bound, they lived on the stack, a load and a store around every FMA.)
 PA_WIDE void dots(const float* q, const float* const* krows, int n, int rows, int D, float* scores,
                   Ahead<float> next = {}) {
   for (int i0 = 0; i0 < n; i0 += 16) {
     const int m = std::min(16, n - i0);
     if (i0 + kAhead < n) prefetch_rows<3>(krows + i0 + kAhead, std::min(16, n - i0 - kAhead), 0, D);
     if (i0 < next.n) prefetch_rows<2>(next.rows + i0, std::min(16, next.n - i0), next.offset, D);
-    for (int g = 0; g < rows; ++g) {
+    int g = 0;
+    if (m == 16)
+      for (; g + 4 <= rows; g += 4)
+        for (int j = 0; j < 16; j += 4) dots_4x4(q + g * D, krows + i0 + j, D, scores + g * kChunk + i0 + j);
+    for (; g < rows; ++g) {
       const float* qg = q + g * D;
       __m512 acc[16];
       for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-      for (int d = 0; d < D; d += 16) {
-        const __m512 qv = _mm512_loadu_ps(qg + d);
-        for (int j = 0; j < m; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(krows[i0 + j] + d), acc[j]);
+      if (m == 16) {
+        for (int d = 0; d < D; d += 16) {
+          const __m512 qv = _mm512_loadu_ps(qg + d);
+          for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(krows[i0 + j] + d), acc[j]);
+        }
+      } else {
+        for (int d = 0; d < D; d += 16) {
+          const __m512 qv = _mm512_loadu_ps(qg + d);
+          for (int j = 0; j < m; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(krows[i0 + j] + d), acc[j]);
+        }
       }
       const __m512 sums = sum16(acc);
       _mm512_mask_storeu_ps(scores + g * kChunk + i0, (__mmask16)((1u << m) - 1), sums);
@@ -354,8 +387,8 @@ PA_WIDE inline __m512 exp_neg16(__m512 x) {
 }
 
 // In vectors, the maximum and the sum each reduced as a tree (the vectoriser's own reductions ended in a scalar
-// loop over the chunk, and in 16 dependent scalar adds: together as long as scoring the chunk). For prompt
-// tiles; decodes keep softmax_chunk (this one measured 1.04-1.05x slower there).
+// loop over the chunk, and in 16 dependent scalar adds: together as long as scoring the chunk). Prompt tiles and
+// decodes (beside dots_4x4; with the one-row dots before it, decodes had measured 1.04-1.05x slower with it).
 PA_WIDE inline float softmax_chunk16(float* s, int n, float m, float* sum) {
   static_assert(kChunk == 64, "four 16-wide vectors per row of scores");
   const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -570,8 +603,7 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
           scores[g * kChunk + i] = -std::numeric_limits<float>::infinity();
     for (int g = 0; g < group; ++g) {
       float sum;
-      const float m_new = tiled ? softmax_chunk16(scores + g * kChunk, n, m[g], &sum)
-                                : softmax_chunk(scores + g * kChunk, n, m[g], &sum);
+      const float m_new = softmax_chunk16(scores + g * kChunk, n, m[g], &sum);
       if (m_new == -std::numeric_limits<float>::infinity()) continue;  // no key of this row's window seen yet
       const float alpha = std::exp(m[g] - m_new);  // 0 on the first chunk (m = -inf)
       l[g] = l[g] * alpha + sum;
