@@ -3,7 +3,9 @@
 CUDA kernels against the fp32 torch reference on every random batch the CPU tests use (fp32, bf16, fp16; head
 sizes 64 and 128; block sizes 1..128; GQA 1..8; multi-token causal queries; contexts to 2048), sliding windows
 (1..4096 tokens) on a fused step and on decodes, the KV write against the reference's; then
-benchmarks/attention.py --device cuda prints decode timings.
+benchmarks/attention.py --device cuda prints decode timings. `--ops`: instead, the fused ops of plugins/cuda_ops
+against the torch modules they replace (`cuda_fused_ops`; a stage of its own, so that their failure does not take
+the attention kernels out of the engine's check).
 Needs only torch with CUDA and the built library (no other package of the project's).
 """
 from __future__ import annotations
@@ -70,6 +72,44 @@ def check_write_kv(lib) -> bool:
     return ok
 
 
+def check_fused_ops() -> bool:
+    """Rotary and SiLU-and-multiply bitwise equal to torch's modules; the residual add too, and the RMSNorm
+    within its sum's reordering (tests/test_cuda_ops.py has the same checks, for pytest)."""
+    from inflight_backend.models import cuda_ops
+    from inflight_backend.models.llama import RMSNorm, apply_rotary, silu_mul
+
+    lib = cuda_ops.load_library()
+    if lib is None:
+        print("FAIL fused ops: build/lib/libinflight_ops_cuda.so missing")
+        return False
+    ok = True
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1.6e-2), (torch.float16, 2e-3)):
+        torch.manual_seed(0)
+        norm = RMSNorm(4096, 1e-5).to("cuda", dtype)
+        norm.weight.data.normal_()
+        x, residual = (torch.randn(37, 4096, device="cuda", dtype=dtype) for _ in range(2))
+        want, want_residual = norm(x, residual)
+        got_residual = residual.clone()
+        got, _ = cuda_ops.CudaRMSNorm(norm, lib)(x, got_residual)
+        norm_err = (got.float() - want.float()).abs().max().item()
+        qkv = torch.randn(29, 12 * 128, device="cuda", dtype=dtype)
+        angles = torch.rand(29, 1, 128, device="cuda") * 100
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        q, k = qkv[:, :8 * 128].view(29, 8, 128), qkv[:, 8 * 128:10 * 128].view(29, 2, 128)
+        want_q, want_k = apply_rotary(q, k, cos, sin)
+        got_q, got_k = cuda_ops._rotary_pair(lib, q, k, cos, sin)
+        gate_up = torch.randn(45, 2 * 1376, device="cuda", dtype=dtype) * 4
+        silu_same = torch.equal(cuda_ops.silu_mul_(lib, gate_up[:, :1376], gate_up[:, 1376:]),
+                                silu_mul(gate_up[:, :1376], gate_up[:, 1376:]))
+        checks = {"residual add identical": torch.equal(got_residual, want_residual),
+                  f"RMSNorm max error {norm_err:.3g} <= {tol:g}": norm_err <= tol,
+                  "rotary identical": torch.equal(got_q, want_q) and torch.equal(got_k, want_k),
+                  "SiLU-and-multiply identical": silu_same}
+        print(f"fused ops {str(dtype):15s}: " + ", ".join(("" if v else "FAIL ") + k for k, v in checks.items()))
+        ok &= all(checks.values())
+    return ok
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device")
@@ -79,7 +119,10 @@ def main() -> int:
         print("build/lib/libinflight_pa_cuda.so missing: build with cmake first")
         return 2
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    ok = check_write_kv(lib) & check_attention(lib) & check_windows(lib)
+    if "--ops" in sys.argv[1:]:
+        ok = check_fused_ops()
+    else:
+        ok = check_write_kv(lib) & check_attention(lib) & check_windows(lib)
     print("ALL OK" if ok else "SOME CHECKS FAILED")
     return 0 if ok else 1
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One prepared script for a machine with a GPU (such as the device tool's H200): build the kernels, check the
-# CUDA ones against the reference, time decode attention on the GPU, then run the engine there
-# (benchmarks/gpu_engine_check.py: greedy tokens against transformers in fp32 and bf16, the in-process serving
-# ceiling, saturated Llama-3.1-8B-shaped runs eager and with CUDA graphs, torch.profiler's tables of 3 decode
-# steps at the largest batch). Uses the machine's python3, torch and transformers; under
-# 10 minutes on an H200 (GPU_CHECK_SKIP_BIG=1 leaves out the 8B run). Each stage has its own time limit, so one
-# that hangs does not take the later ones with it; when the CUDA kernels fail their check, the engine runs with
-# the torch attention reference, so its other parts are still checked.
+# CUDA ones against the reference (attention, then the fused ops of plugins/cuda_ops), time decode attention on
+# the GPU, then run the engine there (benchmarks/gpu_engine_check.py: greedy tokens against transformers in fp32
+# and bf16, the in-process serving ceiling, saturated Llama-3.1-8B-shaped runs eager, with CUDA graphs and with
+# the fused ops, torch.profiler's tables of 3 decode steps at the largest batch). Uses the machine's python3, torch
+# and transformers; under 10 minutes on an H200 (GPU_CHECK_SKIP_BIG=1 leaves out the 8B run). Each stage has its
+# own time limit, so one that hangs does not take the later ones with it; when the CUDA attention kernels fail
+# their check, the engine runs with the torch attention reference, so its other parts are still checked.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -24,6 +24,7 @@ stage 180 build bash -c "cmake -S . -B build/cmake -DCMAKE_BUILD_TYPE=Release \
   -DINFLIGHT_CUDA_ARCHITECTURES='${CUDA_ARCH:-90}' >/dev/null && cmake --build build/cmake -j" || exit 1
 status=0 attention=auto
 stage 150 kernels $PY benchmarks/gpu_check.py || { status=1; attention=torch; }
+stage 60 "fused ops" $PY benchmarks/gpu_check.py --ops || status=1
 for dtype in float32 bfloat16; do
   stage 60 "attention timings $dtype" $PY benchmarks/attention.py --device cuda --dtype "$dtype" --repeat 20
 done

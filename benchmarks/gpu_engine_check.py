@@ -15,6 +15,8 @@ no tritonserver.
    build/models/llama-8b-shape, --streams requests of 128 prompt tokens forced to 128 output tokens, all at once:
    output tokens/s. TensorRT-LLM publishes 27,911 output tokens/s for Llama 3.1 8B in FP8 on one H200 at
    128/128; the aim here is at least half (in bf16).
+4. CUDA graphs: the oracle and the saturated runs again, graphs captured; then the fused CUDA ops
+   (`cuda_fused_ops: on`, plugins/cuda_ops): the oracle and the saturated runs once more, beside the runs before.
 `--device cpu --big small` runs the same code on the CPU with small shapes (how the script is checked without a GPU).
 """
 from __future__ import annotations
@@ -46,12 +48,14 @@ SMALL_BIG = {**LLAMA_31_8B, "hidden_size": 256, "intermediate_size": 512, "num_h
              "bos_token_id": 256, "eos_token_id": 257}
 
 
-def oracle(device: str, dtype: str, path: str, attention: str, graphs: bool = False) -> tuple[int, int]:
+def oracle(device: str, dtype: str, path: str, attention: str, graphs: bool = False,
+           fused: str = "off") -> tuple[int, int]:
     """(requests whose greedy tokens equal transformers', requests)."""
     from transformers import LlamaForCausalLM
 
     engine = InflightEngine(EngineConfig(checkpoint=path, device=device, dtype=dtype, num_kv_blocks=512,
-                                         max_batch_size=16, attention_backend=attention, cuda_graphs=graphs))
+                                         max_batch_size=16, attention_backend=attention, cuda_graphs=graphs,
+                                         cuda_fused_ops=fused))
     rng = random.Random(0)
     cases = [([256] + [rng.randrange(256) for _ in range(n)], m)
              for n, m in zip([3, 17, 64, 130, 5, 300, 41, 90, 8, 220, 33, 1], [40, 12, 64, 25, 64, 9, 50, 30, 64,
@@ -78,14 +82,14 @@ def oracle(device: str, dtype: str, path: str, attention: str, graphs: bool = Fa
 
 
 def saturated(device: str, path: str, streams: int, attention: str, prompt_len: int = 128,
-              output_len: int = 128, profile: int = 0, graphs: bool = False) -> dict:
+              output_len: int = 128, profile: int = 0, graphs: bool = False, fused: str = "off") -> dict:
     """All `streams` requests at once, run to the end; `profile`: print torch.profiler's tables for that many
     decode steps (from the 20th step on; their time is counted too)."""
     blocks = streams * -(-(prompt_len + output_len) // 16) + 16
     start = time.perf_counter()
     engine = InflightEngine(EngineConfig(checkpoint=path, device=device, dtype="bfloat16", num_kv_blocks=blocks,
                                          max_batch_size=streams, max_num_tokens=8192, enable_chunked_prefill=True,
-                                         attention_backend=attention, cuda_graphs=graphs))
+                                         attention_backend=attention, cuda_graphs=graphs, cuda_fused_ops=fused))
     print(f"engine loaded in {time.perf_counter() - start:.0f} s", flush=True)
     vocab = engine.runner.vocab_size
     rng = random.Random(1)
@@ -108,18 +112,19 @@ def saturated(device: str, path: str, streams: int, attention: str, prompt_len: 
             profiler = None
     wall = time.perf_counter() - start
     s = engine.stats
-    return {"streams": streams, "cuda_graphs": graphs, "output_tokens": tokens, "seconds": wall,
+    return {"streams": streams, "cuda_graphs": graphs, "cuda_fused_ops": fused, "output_tokens": tokens,
+            "seconds": wall,
             "output_tokens_per_s": tokens / wall,
             "steps": s.num_steps, "model_s": s.model_seconds, "schedule_s": s.schedule_seconds,
             "sample_s": s.sample_seconds}
 
 
-def oracles(device: str, path: str, attention: str, graphs: bool) -> bool:
+def oracles(device: str, path: str, attention: str, graphs: bool, fused: str = "off") -> bool:
     """Both dtypes against transformers; True when fp32 matches token for token."""
-    ok, mode = True, ", CUDA graphs" if graphs else ""
+    ok, mode = True, (", CUDA graphs" if graphs else "") + (f", cuda_fused_ops {fused}" if fused != "off" else "")
     for dtype in ("float32", "bfloat16"):
         start = time.perf_counter()
-        same, total = oracle(device, dtype, path, attention, graphs)
+        same, total = oracle(device, dtype, path, attention, graphs, fused)
         print(f"oracle {dtype} on {device}{mode}: {same} of {total} requests equal transformers' greedy tokens "
               f"({time.perf_counter() - start:.1f} s)", flush=True)
         ok &= dtype != "float32" or same == total
@@ -127,7 +132,8 @@ def oracles(device: str, path: str, attention: str, graphs: bool) -> bool:
 
 
 def report(name: str, run: dict) -> dict:
-    graphs = ", CUDA graphs" if run["cuda_graphs"] else ""
+    fused = run["cuda_fused_ops"]
+    graphs = (", CUDA graphs" if run["cuda_graphs"] else "") + (f", cuda_fused_ops {fused}" if fused != "off" else "")
     print(f"saturated {name} bf16{graphs}, {run['streams']} streams of 128 in / 128 out: "
           f"{run['output_tokens_per_s']:,.0f} output tokens/s ({run['output_tokens']} tokens in "
           f"{run['seconds']:.1f} s, {run['steps']} steps; model {run['model_s']:.1f} s, schedule "
@@ -143,6 +149,27 @@ def big_checkpoint(shape: dict, path: Path) -> str:
                          device="cuda" if torch.cuda.is_available() else "cpu")
         byte_level_tokenizer(shape["vocab_size"]).save(str(path / "tokenizer.json"))
     return str(path)
+
+
+def fused_ops(args, small: str, path: str | None, eager: dict, graphed: dict) -> bool:
+    """`cuda_fused_ops: on` (plugins/cuda_ops): the oracle again, then the saturated runs beside the ones above
+    (with CUDA graphs where they ran). On the CPU `auto`, which leaves the model as it is: this code runs there too
+    (tests/test_gpu_scripts.py), so that a GPU session is not spent on a typo in it."""
+    fused = "on" if args.device == "cuda" else "auto"
+    try:
+        graphs = bool(graphed)
+        ok = oracles(args.device, small, args.attention, graphs=False, fused=fused)
+        if graphs:
+            ok &= oracles(args.device, small, args.attention, graphs=True, fused=fused)
+        for streams in args.streams if path is not None else []:
+            run = report(args.big, saturated(args.device, path, streams, args.attention, graphs=graphs, fused=fused))
+            before = (graphed if graphs else eager)[streams]["output_tokens_per_s"]
+            print(f"fused CUDA ops / without at {streams} streams: {run['output_tokens_per_s'] / before:.2f}",
+                  flush=True)
+        return ok
+    except Exception as exc:  # noqa: BLE001 (reported, and the check fails)
+        print(f"fused CUDA ops FAILED: {type(exc).__name__}: {exc}", flush=True)
+        return False
 
 
 def main() -> int:
@@ -169,29 +196,33 @@ def main() -> int:
     ceiling = in_process(str(ROOT / "build/models/gpu-oracle"), 256, 32, 256)
     print(f"serving ceiling in process (engine null, 256 streams): {ceiling['tokens_per_s']:,.0f} tokens/s, "
           f"{ceiling['step_ms']:.3f} ms a step", flush=True)
+    eager: dict = {}
     if not args.skip_big:
         shape = LLAMA_31_8B if args.big == "8b" else SMALL_BIG
         start = time.perf_counter()
         path = big_checkpoint(shape, ROOT / "build/models" / f"llama-{args.big}-shape")
         print(f"checkpoint ready in {time.perf_counter() - start:.0f} s", flush=True)
-        eager = {}
         for streams in args.streams:
             eager[streams] = report(args.big, saturated(args.device, path, streams, args.attention))
     if args.profile and not args.skip_big:
         print(f"profile: {args.profile} decode steps at {args.streams[-1]} streams, eager (untimed run)", flush=True)
         saturated(args.device, path, args.streams[-1], args.attention, profile=args.profile)
-    # CUDA graphs last: a failure there (a CUDA error spoils the process's context) loses nothing above
+    # CUDA graphs, then the fused ops, last: a failure there (a CUDA error spoils the process's context) loses
+    # nothing above
+    graphed = {}
     if args.device == "cuda" and args.attention != "torch":
         try:
             ok &= oracles(args.device, small, args.attention, graphs=True)
             if not args.skip_big:
                 for streams in args.streams:
                     run = report(args.big, saturated(args.device, path, streams, args.attention, graphs=True))
+                    graphed[streams] = run
                     print(f"CUDA graphs / eager at {streams} streams: "
                           f"{run['output_tokens_per_s'] / eager[streams]['output_tokens_per_s']:.2f}", flush=True)
         except Exception as exc:  # noqa: BLE001 (reported, and the check fails)
             print(f"CUDA graphs FAILED: {type(exc).__name__}: {exc}", flush=True)
             ok = False
+    ok &= fused_ops(args, small, path if not args.skip_big else None, eager, graphed)
     print("ENGINE CHECKS OK" if ok else "ENGINE CHECKS FAILED")
     return 0 if ok else 1
 

@@ -12,6 +12,7 @@ ATTENTION_BACKENDS = ("auto", "native", "torch")
 LINEAR_BACKENDS = ("auto", "native", "torch")
 AMX_GEMM = ("auto", "on", "off")
 GREEDY_SCREEN = ("auto", "on", "off")
+CUDA_FUSED_OPS = ("auto", "on", "off")
 BATCHING_POLICIES = ("static", "prefill_first", "fused")
 CAPACITY_POLICIES = ("guaranteed_no_evict", "max_utilization")
 
@@ -38,6 +39,7 @@ class EngineConfig:
     max_num_tokens: int = 1024  # packed tokens per iteration (prefill + decode)
     enable_chunked_prefill: bool = False
     cuda_graphs: bool = False  # pytorch engine on CUDA: decode steps replayed as CUDA graphs (runners/cuda_graphs.py)
+    cuda_fused_ops: str = "off"  # pytorch engine on CUDA: residual add + RMSNorm, rotary, SiLU-mul as one kernel each
     enable_kv_cache_reuse: bool = True  # prefix caching: full blocks of computed prefixes are reused by later requests
     cache_aware_admission_ms: float = 0.0  # > 0: admit longest cached prefix first, none passed over longer; 0: off
     max_chunk_tokens: int = 0  # chunked prefill: most prompt tokens one request computes per step; 0: the budget
@@ -58,6 +60,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _check(self.engine in ENGINES, f"engine must be one of {ENGINES}, got {self.engine!r}")
         _check(not self.cuda_graphs or self.engine == "pytorch", "cuda_graphs: true applies to engine: pytorch")
+        _check(self.cuda_fused_ops != "on" or self.engine == "pytorch", "cuda_fused_ops: on applies to engine: pytorch")
         _check(self.engine != "tensorrt" or bool(self.engine_path),
                "engine: tensorrt needs engine_path (the output directory of `inflight build-engine`)")
         _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
@@ -69,6 +72,8 @@ class EngineConfig:
         _check(self.amx_gemm in AMX_GEMM, f"amx_gemm must be one of {AMX_GEMM}, got {self.amx_gemm!r}")
         _check(self.greedy_screen in GREEDY_SCREEN,
                f"greedy_screen must be one of {GREEDY_SCREEN}, got {self.greedy_screen!r}")
+        _check(self.cuda_fused_ops in CUDA_FUSED_OPS,
+               f"cuda_fused_ops must be one of {CUDA_FUSED_OPS}, got {self.cuda_fused_ops!r}")
         _check(1 <= self.block_size <= 1024, f"block_size must be in [1, 1024], got {self.block_size}")
         _check(self.num_kv_blocks >= 0, f"num_kv_blocks must be >= 0, got {self.num_kv_blocks}")
         _check(self.max_batch_size >= 1, f"max_batch_size must be >= 1, got {self.max_batch_size}")

@@ -369,4 +369,4 @@ def _make_runner(config: EngineConfig, num_blocks: int, model: LlamaConfig) -> M
     dtype = config.dtype if config.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     return TorchRunner(config.checkpoint, num_blocks, config.block_size, device, dtype, config.attention_backend,
                        config.linear_backend, config.amx_gemm, config.cuda_graphs, config.max_batch_size,
-                       config.greedy_screen)
+                       config.greedy_screen, config.cuda_fused_ops)

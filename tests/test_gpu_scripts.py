@@ -24,6 +24,8 @@ def test_the_engine_check_runs_on_the_cpu_with_small_shapes():
     assert "oracle float32 on cpu: 12 of 12 requests equal transformers' greedy tokens" in done.stdout
     assert "saturated small bf16, 8 streams of 128 in / 128 out" in done.stdout
     assert "profile: 1 decode steps at 8 streams" in done.stdout and "Self CPU time total" in done.stdout
+    assert "oracle float32 on cpu, cuda_fused_ops auto: 12 of 12" in done.stdout  # the fused ops' section ran
+    assert "fused CUDA ops / without at 8 streams" in done.stdout
     assert done.stdout.rstrip().endswith("ENGINE CHECKS OK")
 
 

@@ -20,13 +20,13 @@ class TorchRunner(ModelRunner):
     def __init__(self, checkpoint: str, num_blocks: int, block_size: int, device: str = "cpu",
                  dtype: str = "float32", attention: str = "auto", linear: str = "auto",
                  amx_gemm: str = "auto", cuda_graphs: bool = False, max_batch_size: int = 64,
-                 greedy_screen: str = "auto") -> None:
+                 greedy_screen: str = "auto", cuda_fused_ops: str = "off") -> None:
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
         self.block_size = block_size
         self.attention = make_backend(attention, self.device)
         self.model = device_kernels.place(load_model(checkpoint, self.attention, self.dtype), device, linear,
-                                          amx_gemm, greedy_screen)
+                                          amx_gemm, greedy_screen, cuda_fused_ops)
         self.screens_greedy = self.model.greedy_screen is not None
         self._screened = False  # whether the last execute returned a screen's logits
         cfg = self.model.config
