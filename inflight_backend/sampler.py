@@ -31,23 +31,47 @@ class Sampler:
         failed: dict[int, str] = {}
         for row in non_finite_rows(logits, tokens):  # argmax picks a NaN or inf wherever one decides
             failed[row], tokens[row] = "the model produced non-finite logits for this request", -1
-        for row, (req_id, p) in enumerate(zip(req_ids, params)):
-            if not p.greedy and row not in failed:
-                try:
-                    tokens[row] = self._sample_row(logits[row], req_id, p)
-                except (RuntimeError, ValueError) as exc:  # one row's failure ends that request only
-                    failed[row], tokens[row] = f"sampling failed: {exc}", -1
+        sampled = [row for row, p in enumerate(params) if not p.greedy and row not in failed]
+        if sampled and self._ops is not None and cpu_ops.usable(logits):
+            self._sample_native(logits, sampled, req_ids, params, tokens, failed)
+            return tokens, failed
+        for row in sampled:
+            try:
+                tokens[row] = self._sample_row(logits[row], req_ids[row], params[row])
+            except (RuntimeError, ValueError) as exc:  # one row's failure ends that request only
+                failed[row], tokens[row] = f"sampling failed: {exc}", -1
         return tokens, failed
 
     def forget(self, req_id: str) -> None:
         self._generators.pop(req_id, None)
 
-    def _sample_row(self, logits: torch.Tensor, req_id: str, p: SamplingParams) -> int:
+    def _generator(self, req_id: str, p: SamplingParams, device: torch.device) -> torch.Generator:
         gen = self._generators.get(req_id)
         if gen is None:
-            gen = self._generators[req_id] = torch.Generator(device=logits.device)
+            gen = self._generators[req_id] = torch.Generator(device=device)
             gen.manual_seed(p.seed if p.seed is not None else torch.seed())
-        return draw(filter_probs(scale(logits, p.temperature), p.top_k, p.top_p), gen)
+        return gen
+
+    def _sample_row(self, logits: torch.Tensor, req_id: str, p: SamplingParams) -> int:
+        return draw(filter_probs(scale(logits, p.temperature), p.top_k, p.top_p),
+                    self._generator(req_id, p, logits.device))
+
+    def _sample_native(self, logits: torch.Tensor, rows: list[int], req_ids: list[str],
+                       params: list[SamplingParams], tokens: list[int], failed: dict[int, str]) -> None:
+        """The sampled rows of fp32 CPU logits in one native call (ops_sample_rows_f32: the same filters and draw
+        as filter_probs and draw, weights in fp32, each row on one thread whatever the batch), each row's uniform
+        the one `draw` takes from its request's generator."""
+        assert self._ops is not None
+        ps = [params[row] for row in rows]
+        uniform = [float(torch.rand((), generator=self._generator(req_ids[row], p, logits.device),
+                                    dtype=torch.float64)) for row, p in zip(rows, ps)]
+        drawn = cpu_ops.sample_rows(self._ops, logits, rows, [p.temperature for p in ps], [p.top_k for p in ps],
+                                    [p.top_p for p in ps], uniform)
+        for row, token in zip(rows, drawn):
+            if token < 0:
+                failed[row], tokens[row] = f"sampling failed: {NO_MASS}", -1
+            else:
+                tokens[row] = token
 
 
 def non_finite_rows(logits: torch.Tensor, tokens: list[int]) -> list[int]:
@@ -126,6 +150,7 @@ def filter_probs(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor
 
 
 NUCLEUS_FIRST = 64  # tokens filter_probs sorts first for a top_p alone
+NO_MASS = "no probability mass to sample from (non-finite or negative weights)"
 
 
 def draw(probs: torch.Tensor, gen: torch.Generator) -> int:
@@ -135,7 +160,7 @@ def draw(probs: torch.Tensor, gen: torch.Generator) -> int:
     cdf = torch.cumsum(probs, dim=-1)
     total = float(cdf[-1])
     if not (math.isfinite(total) and total > 0) or bool((probs < 0).any()):
-        raise ValueError("no probability mass to sample from (non-finite or negative weights)")
+        raise ValueError(NO_MASS)
     u = torch.rand((), generator=gen, dtype=cdf.dtype, device=cdf.device) * total
     index = int(torch.searchsorted(cdf, u, right=True))
     if index >= probs.shape[-1]:  # u rounded up to the total: the last token with weight

@@ -127,3 +127,71 @@ def test_draw_never_takes_a_zero_weight_and_follows_the_weights():
         draw(torch.zeros(4, dtype=torch.float64), gen)
     with pytest.raises(ValueError, match="no probability mass"):
         draw(torch.tensor([0.5, float("nan")], dtype=torch.float64), gen)
+
+
+def native_lib():
+    from inflight_backend.models import cpu_ops
+
+    lib = cpu_ops.load_library()
+    if lib is None:
+        pytest.fail("build/lib/libinflight_ops_cpu.so is missing: run `make native`")
+    return lib
+
+
+# The native draw (ops_sample_rows_f32, the CPU path of Sampler.sample for fp32 logits) against the torch one:
+# for each uniform u, the token must be one whose interval of the reference's running mass holds u (within the
+# fp32 weights' rounding) and never one the reference's filters drop.
+@pytest.mark.parametrize("spread", [0.05, 1.0, 8.0])
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (1, 1.0), (5, 1.0), (0, 0.9), (0, 0.3), (40, 0.8), (5000, 0.95),
+                                          (0, 0.999), (0, 1e-6), (2999, 1.0), (3000, 0.5)])
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_native_draws_follow_the_reference_filters(spread, top_k, top_p, temperature):
+    from inflight_backend.models import cpu_ops
+
+    logits = torch.randn(3000, generator=torch.Generator().manual_seed(int(spread * 10) + top_k)) * spread
+    logits[17] = float("-inf")
+    want = reference_filter((logits.double() - logits.max().double()) / temperature, top_k, top_p)
+    cdf = torch.cumsum(want, dim=0)
+    uniform = [i / 257 for i in range(257)] + [1 - 2 ** -40]
+    rows = [0] * len(uniform)
+    got = cpu_ops.sample_rows(native_lib(), logits.view(1, -1), rows, [temperature] * len(rows), [top_k] * len(rows),
+                              [top_p] * len(rows), uniform)
+    for u, token in zip(uniform, got):
+        assert want[token] > 0, (u, token)
+        low, high = float(cdf[token] - want[token]), float(cdf[token])
+        assert low - 1e-5 <= u <= high + 1e-5, (u, token, low, high)
+
+
+def test_native_rows_do_not_depend_on_the_batch():
+    """A row's token is the same sampled alone or among others (other params, other rows, any order)."""
+    from inflight_backend.models import cpu_ops
+
+    logits = torch.randn(17, 5000, generator=torch.Generator().manual_seed(5)) * 3
+    params = [(0.5 + 0.1 * r, [0, 3, 50][r % 3], [1.0, 0.9, 0.5][r % 2], (r * 37 % 101) / 101) for r in range(17)]
+    alone = [cpu_ops.sample_rows(native_lib(), logits, [r], [t], [k], [p], [u])[0]
+             for r, (t, k, p, u) in enumerate(params)]
+    order = list(reversed(range(17)))
+    together = cpu_ops.sample_rows(native_lib(), logits, order, *(list(x) for x in zip(*(params[r] for r in order))))
+    assert together == [alone[r] for r in order]
+
+
+def test_native_rows_without_mass_fail_alone():
+    from inflight_backend.models import cpu_ops
+
+    logits = torch.randn(4, 64, generator=torch.Generator().manual_seed(6))
+    logits[0, 3], logits[1, 9], logits[2] = math.nan, math.inf, float("-inf")
+    got = cpu_ops.sample_rows(native_lib(), logits, [0, 1, 2, 3], [1.0] * 4, [0] * 4, [1.0] * 4, [0.5] * 4)
+    assert got[:3] == [-1, -1, -1] and 0 <= got[3] < 64
+    with pytest.raises(RuntimeError, match="sample_rows failed"):  # a uniform outside [0, 1): refused
+        cpu_ops.sample_rows(native_lib(), logits, [3], [1.0], [0], [1.0], [1.0])
+
+
+def test_sampler_takes_the_native_path_on_cpu_and_the_torch_one_elsewhere_alike():
+    """The same seeds through Sampler (native: fp32 CPU logits) and the torch path (float64 logits here): the
+    same uniforms, so the same tokens but where the two roundings straddle a boundary (none in these draws)."""
+    logits = torch.randn(6, 2000, generator=torch.Generator().manual_seed(7)) * 2
+    params = [SamplingParams(8, temperature=0.8, top_k=[0, 20][i % 2], top_p=[1.0, 0.9, 0.6][i % 3], seed=i)
+              for i in range(6)]
+    native, _ = Sampler().sample(logits, list("abcdef"), params)
+    reference, _ = Sampler().sample(logits.double(), list("abcdef"), params)
+    assert native == reference

@@ -1,4 +1,5 @@
-"""The fused CPU ops of plugins/cpu_ops (RMSNorm, rotary, SiLU-and-multiply, row argmax), through their C ABI.
+"""The fused CPU ops of plugins/cpu_ops (RMSNorm, rotary, SiLU-and-multiply, row argmax, the sampler's draw),
+through their C ABI.
 
 Each replaces several small torch ops, and their per-op dispatch, with one pass over memory: at decode-step
 sizes those ops cost about as much as their arithmetic. fp32, CPU, contiguous rows; callers keep the torch
@@ -9,6 +10,7 @@ from __future__ import annotations
 import ctypes
 from functools import lru_cache, partial
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -32,6 +34,7 @@ def load_library() -> ctypes.CDLL | None:
         "ops_rotary_f32": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR],
         "ops_silu_mul_f32": [_PTR, _PTR, _I64, _I64, _I64, _PTR],
         "ops_argmax_rows_f32": [_PTR, _I64, _I64, _I64, _PTR],
+        "ops_sample_rows_f32": [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -104,6 +107,20 @@ def argmax_rows(lib: ctypes.CDLL, x: torch.Tensor) -> list[int]:
     """torch.argmax(x, dim=-1).tolist() for a 2-D x with unit column stride."""
     out = torch.empty(x.shape[0], dtype=torch.int64)
     _check(lib.ops_argmax_rows_f32(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr()), "argmax")
+    return out.tolist()
+
+
+def sample_rows(lib: ctypes.CDLL, x: torch.Tensor, rows: list[int], temperature: list[float], top_k: list[int],
+                top_p: list[float], uniform: list[float]) -> list[int]:
+    """One token for each of `rows` of a 2-D x with unit column stride (ops_sample_rows_f32 in
+    include/cpu_ops.h: temperature, top-k, top-p, then the first index whose running mass passes uniform[j] of
+    the kept total); -1 for a row with nothing to sample from."""
+    arrays = (np.asarray(rows, dtype=np.int64), np.asarray(temperature, dtype=np.float32),
+              np.asarray(top_k, dtype=np.int64), np.asarray(top_p, dtype=np.float32),
+              np.asarray(uniform, dtype=np.float64))
+    out = np.empty(len(rows), dtype=np.int64)
+    _check(lib.ops_sample_rows_f32(x.data_ptr(), x.shape[1], x.stride(0), arrays[0].ctypes.data, len(rows),
+                                   *(a.ctypes.data for a in arrays[1:]), out.ctypes.data), "sample_rows")
     return out.tolist()
 
 

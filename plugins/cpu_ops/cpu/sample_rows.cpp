@@ -1,0 +1,176 @@
+// The sampler's draw for sampled rows (see include/cpu_ops.h, ops_sample_rows_f32): what sampler.py's torch
+// calls did a row at a time (scale, the top-k / top-p filters, softmax, running sum, search), one pass or two over
+// the row each, one thread a row. Weights in fp32 (e^gap through fast_exp.h), sums in double.
+#include "cpu_ops.h"
+#include "fast_exp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <queue>
+#include <vector>
+
+namespace {
+
+using inflight::exp_neg;
+
+// Ranks tokens best first: by logit, ties by the lower index.
+struct Better {
+  const float* x;
+  bool operator()(int32_t a, int32_t b) const { return x[a] > x[b] || (x[a] == x[b] && a < b); }
+};
+
+// The `k` best tokens of x (0 < k < n), best first, into `best`: a heap of the k best seen (most values fail the
+// first comparison against its worst), or a partial selection when k is a large share of n.
+void best_tokens(const float* x, int64_t n, int64_t k, std::vector<int32_t>& best) {
+  const Better better{x};
+  best.clear();
+  if (k * 8 >= n) {
+    best.resize(n);
+    for (int64_t i = 0; i < n; ++i) best[i] = int32_t(i);
+    std::nth_element(best.begin(), best.begin() + (k - 1), best.end(), better);
+    best.resize(k);
+  } else {
+    std::priority_queue<int32_t, std::vector<int32_t>, Better> heap(better);  // top(): the worst of the best k
+    for (int64_t i = 0; i < n; ++i) {
+      if (int64_t(heap.size()) < k) {
+        heap.push(int32_t(i));
+      } else if (better(int32_t(i), heap.top())) {
+        heap.pop();
+        heap.push(int32_t(i));
+      }
+    }
+    best.reserve(k);
+    for (; !heap.empty(); heap.pop()) best.push_back(heap.top());
+  }
+  std::sort(best.begin(), best.end(), better);
+}
+
+// Zeroes w outside `keep` (token indices).
+void keep_only(std::vector<float>& w, const std::vector<int32_t>& keep, std::vector<float>& saved) {
+  saved.resize(keep.size());
+  for (size_t j = 0; j < keep.size(); ++j) saved[j] = w[keep[j]];
+  std::fill(w.begin(), w.end(), 0.f);
+  for (size_t j = 0; j < keep.size(); ++j) w[keep[j]] = saved[j];
+}
+
+constexpr int64_t kBlock = 1024;  // the draw's running sum goes a block at a time, then within one block
+constexpr size_t kNotYet = size_t(-1);
+
+struct Scratch {
+  std::vector<float> w, saved;
+  std::vector<int32_t> best;
+  std::vector<double> blocks;
+};
+
+// Where the nucleus ends among `best` (best first): the first token the mass strictly better than which reaches
+// `goal`; best.size() when they all stay, kNotYet when even all of them do not reach it.
+size_t nucleus_end(const std::vector<int32_t>& best, const float* w, double goal) {
+  double mass = 0.0;
+  for (size_t j = 0; j < best.size(); ++j) {
+    if (mass >= goal) return j;
+    mass += w[best[j]];
+  }
+  return mass >= goal ? best.size() : kNotYet;
+}
+
+// Keeps the nucleus of top_p of the kept mass (the k best when k > 0, else every token).
+void keep_nucleus(const float* x, int64_t n, int64_t k, float top_p, Scratch& s) {
+  const float* w = s.w.data();
+  double kept = 0.0;
+#pragma omp simd reduction(+ : kept)
+  for (int64_t i = 0; i < n; ++i) kept += w[i];  // zeros outside the top k
+  const double goal = double(top_p) * kept;
+  size_t end = k ? nucleus_end(s.best, w, goal) : kNotYet;  // (k best, best first, already in s.best)
+  // Without top-k: the best 64 tokens, 4x more until their mass reaches the goal (a flat row: all of them).
+  for (int64_t c = std::min<int64_t>(64, n); end == kNotYet; c = std::min(n, c * 4)) {
+    if (c < n) {
+      best_tokens(x, n, c, s.best);
+    } else {
+      s.best.resize(n);
+      for (int64_t i = 0; i < n; ++i) s.best[i] = int32_t(i);
+      std::sort(s.best.begin(), s.best.end(), Better{x});
+    }
+    end = nucleus_end(s.best, w, goal);
+    if (end == kNotYet && c == n) end = s.best.size();  // rounding: the whole row
+  }
+  s.best.resize(end);
+  keep_only(s.w, s.best, s.saved);
+}
+
+// The first index whose running sum of w passes u * total: by blocks' sums, then within the block; never a zero
+// weight.
+int64_t draw(const float* w, int64_t n, double u, Scratch& s) {
+  const int64_t nb = (n + kBlock - 1) / kBlock;
+  s.blocks.resize(nb);
+  double total = 0.0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t e = std::min(n, (b + 1) * kBlock);
+    double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = b * kBlock; i < e; ++i) sum += w[i];
+    s.blocks[b] = sum;
+    total += sum;
+  }
+  if (!(total > 0.0) || !std::isfinite(total)) return -1;
+  const double target = u * total;
+  double before = 0.0;
+  for (int64_t b = 0; b < nb; ++b) {
+    if (before + s.blocks[b] > target) {  // (so the block holds a positive weight)
+      double run = before;
+      int64_t last = -1;
+      for (int64_t i = b * kBlock, e = std::min(n, (b + 1) * kBlock); i < e; ++i) {
+        if (w[i] > 0.f) {
+          run += w[i];
+          last = i;
+          if (run > target) return i;
+        }
+      }
+      return last;  // the block's two sums differ in their last bits
+    }
+    before += s.blocks[b];
+  }
+  for (int64_t i = n - 1; i >= 0; --i)  // rounding put the target past the last block's sum
+    if (w[i] > 0.f) return i;
+  return -1;
+}
+
+int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, float top_p, double u,
+                   Scratch& s) {
+  float m = -INFINITY;
+  int bad = 0;
+#pragma omp simd reduction(max : m) reduction(+ : bad)
+  for (int64_t i = 0; i < n; ++i) {
+    m = x[i] > m ? x[i] : m;
+    bad += (x[i] != x[i]) | (x[i] == INFINITY);
+  }
+  if (bad || m == -INFINITY) return -1;
+  s.w.resize(n);
+  float* __restrict w = s.w.data();
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) w[i] = exp_neg((x[i] - m) / temperature);  // the best token: e^0 = 1
+  const int64_t k = top_k > 0 && top_k < n ? top_k : 0;
+  if (k) {
+    best_tokens(x, n, k, s.best);
+    keep_only(s.w, s.best, s.saved);
+  }
+  if (top_p < 1.f) keep_nucleus(x, n, k, top_p, s);
+  return draw(s.w.data(), n, u, s);
+}
+
+}  // namespace
+
+extern "C" int ops_sample_rows_f32(const float* x, int64_t n, int64_t ldx, const int64_t* rows, int64_t count,
+                                   const float* temperature, const int64_t* top_k, const float* top_p,
+                                   const double* uniform, int64_t* out) {
+  if (n <= 0 || ldx < n || count < 0) return OPS_ERR_SHAPE;
+  for (int64_t j = 0; j < count; ++j)
+    if (rows[j] < 0 || !(temperature[j] > 0.f) || !(uniform[j] >= 0.0 && uniform[j] < 1.0)) return OPS_ERR_SHAPE;
+#pragma omp parallel if (count > 1)
+  {
+    Scratch s;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t j = 0; j < count; ++j)
+      out[j] = sample_row(x + rows[j] * ldx, n, temperature[j], top_k[j], top_p[j], uniform[j], s);
+  }
+  return OPS_OK;
+}
