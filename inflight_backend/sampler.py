@@ -1,4 +1,6 @@
-"""Turns each sampled row of logits into one token: greedy, or temperature / top-k / top-p with a seed.
+"""Turns each sampled row of logits into one token: greedy, or temperature / top-k / top-p with a seed. fp32 CPU
+logits go through the native argmax and draw (plugins/cpu_ops); others through the torch functions below, which
+define what the native draw computes.
 
 A row that cannot be sampled (non-finite logits, no probability mass left) never fails the batch: `sample`
 reports it, and the engine ends that request alone with the message.
