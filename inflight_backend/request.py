@@ -4,6 +4,10 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .sampler import PenaltyState
 
 
 class RequestError(ValueError):
@@ -130,6 +134,7 @@ class Request:
     prefix_source: Request | None = None  # a sequence of the same prompt whose computed full blocks it may share
     num_shared_blocks: int = 0  # computed blocks it took when admitted (prefix cache or prefix_source), the most
     num_context_logits: int = 0  # prompt positions whose logits it has returned (return_context_logits)
+    penalties: PenaltyState | None = None  # a penalized request's, made at its first sampled step
 
     @property
     def num_prompt_tokens(self) -> int:

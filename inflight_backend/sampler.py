@@ -100,19 +100,44 @@ def mask_logits(logits: torch.Tensor, rows: list[int], token_ids: list[int]) -> 
         logits[torch.tensor(rows, device=logits.device), torch.tensor(token_ids, device=logits.device)] = float("-inf")
 
 
-def apply_penalties(logits: torch.Tensor, prompt_ids: list[int], output_ids: list[int], p: SamplingParams) -> None:
-    """In place on one row. Repetition (transformers' RepetitionPenaltyLogitsProcessor, TensorRT-LLM's): every
-    token of the prompt and output, negative logits times the penalty, positive ones divided by it. Presence and
-    frequency (vLLM's, OpenAI's): each token generated so far, minus presence once and frequency per time."""
+class PenaltyState:
+    """A penalized request's tokens so far, folded in a token at a time (a step's cost must not grow with the
+    context): which token ids its prompt and output hold (repetition penalty) and how often each occurs in its
+    output (presence, frequency), as vocabulary-sized arrays."""
+
+    __slots__ = ("seen", "counts", "folded")
+
+    def __init__(self, vocab: int, prompt_ids: list[int], p: SamplingParams) -> None:
+        self.seen = np.zeros(vocab, dtype=bool) if p.repetition_penalty != 1.0 else None
+        if self.seen is not None:
+            self.seen[np.asarray(prompt_ids, dtype=np.int64)] = True
+        self.counts = np.zeros(vocab, dtype=np.int32) if p.presence_penalty or p.frequency_penalty else None
+        self.folded = 0  # output tokens counted so far
+
+    def update(self, output_ids: list[int]) -> None:
+        if len(output_ids) > self.folded:
+            new = np.asarray(output_ids[self.folded:], dtype=np.int64)
+            if self.seen is not None:
+                self.seen[new] = True
+            if self.counts is not None:
+                np.add.at(self.counts, new, 1)
+            self.folded = len(output_ids)
+
+
+def apply_penalties(logits: torch.Tensor, state: PenaltyState, p: SamplingParams) -> None:
+    """In place on one row, `state` up to date. Repetition (transformers' RepetitionPenaltyLogitsProcessor,
+    TensorRT-LLM's): every token of the prompt and output, negative logits times the penalty, positive ones divided
+    by it. Presence and frequency (vLLM's, OpenAI's): each token generated so far, minus presence once and
+    frequency per time."""
     with torch.inference_mode():
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(prompt_ids).union(output_ids)), dtype=torch.int64, device=logits.device)
+        if state.seen is not None:
+            seen = torch.from_numpy(np.flatnonzero(state.seen)).to(logits.device)
             values = logits[seen]
             logits[seen] = torch.where(values < 0, values * p.repetition_penalty, values / p.repetition_penalty)
-        if output_ids and (p.presence_penalty or p.frequency_penalty):
-            ids, counts = torch.unique(torch.tensor(output_ids, dtype=torch.int64), return_counts=True)
-            ids, counts = ids.to(logits.device), counts.to(logits.device, logits.dtype)
-            logits[ids] -= p.presence_penalty + p.frequency_penalty * counts
+        if state.counts is not None and state.folded:
+            ids = np.flatnonzero(state.counts)
+            counts = torch.from_numpy(state.counts[ids]).to(logits.device, logits.dtype)
+            logits[torch.from_numpy(ids).to(logits.device)] -= p.presence_penalty + p.frequency_penalty * counts
 
 
 def scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .request import Request, SamplingParams
-from .sampler import apply_penalties, mask_logits
+from .sampler import PenaltyState, apply_penalties, mask_logits
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,10 @@ def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) 
     for row, request in enumerate(sampled):
         p = request.params
         if p.penalized:
-            apply_penalties(logits[row], request.prompt_ids, request.output_ids, p)
+            if request.penalties is None:
+                request.penalties = PenaltyState(logits.shape[-1], request.prompt_ids, p)
+            request.penalties.update(request.output_ids)
+            apply_penalties(logits[row], request.penalties, p)
         if len(request.output_ids) < p.min_tokens:
             ends = (p.end_id,) if p.end_id is not None else eos_ids
             ends = () if p.end_id == -1 else ends

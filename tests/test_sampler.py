@@ -195,3 +195,25 @@ def test_sampler_takes_the_native_path_on_cpu_and_the_torch_one_elsewhere_alike(
     native, _ = Sampler().sample(logits, list("abcdef"), params)
     reference, _ = Sampler().sample(logits.double(), list("abcdef"), params)
     assert native == reference
+
+
+def test_penalty_state_folds_tokens_in_as_they_come_and_penalizes_as_a_recount_would():
+    """Step by step, the state updated a token at a time gives the rows a recount of prompt and output gives
+    (repetition over their union, presence and frequency over the output's counts), bitwise."""
+    from inflight_backend.sampler import PenaltyState, apply_penalties
+
+    rng = torch.Generator().manual_seed(8)
+    prompt = torch.randint(0, 50, (30,), generator=rng).tolist()
+    p = SamplingParams(8, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.25)
+    state, output = PenaltyState(60, prompt, p), []
+    for step in range(12):
+        logits = torch.randn(60, generator=rng) * 3
+        want = logits.clone()
+        seen = sorted(set(prompt) | set(output))
+        want[seen] = torch.where(want[seen] < 0, want[seen] * 1.3, want[seen] / 1.3)
+        for token in sorted(set(output)):
+            want[token] -= torch.tensor(0.4) + torch.tensor(0.25) * float(output.count(token))
+        state.update(output)
+        apply_penalties(logits, state, p)
+        assert torch.equal(logits, want), step
+        output += torch.randint(0, 60, (step % 3,), generator=rng).tolist()  # 0, 1 or 2 tokens a step
