@@ -22,7 +22,7 @@ from .runners.step_inputs import context_rows
 from .request import RequestError  # noqa: F401 (re-exported: callers catch it from here too)
 from .request import PromptLimits, PromptTooLarge, Request, RequestStatus, SamplingParams
 from .sampler import Sampler
-from .token_rules import TokenInfo, apply_logit_rules, ends_with, token_info
+from .token_rules import TokenInfo, apply_logit_rules, ends_with, token_infos
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineStats
 
@@ -210,8 +210,8 @@ class InflightEngine:
                 self._collect_context_logits(sched, logits[len(sampled):])
                 logits = logits[:len(sampled)]
             params = [r.params for r in sampled]
-            raw = {row: logits[row].float().clone() for row, p in enumerate(params) if p.needs_raw_logits} \
-                if self._num_raw_logits else None
+            raw_rows = [row for row, p in enumerate(params) if p.needs_raw_logits] if self._num_raw_logits else []
+            raw = logits[raw_rows].float() if raw_rows else None  # a copy, before the rules change the rows
             apply_logit_rules(logits, sampled, self.eos_ids)
             if screened:
                 try:
@@ -221,8 +221,13 @@ class InflightEngine:
             token_ids, failed = self.sampler.sample(logits, [r.req_id for r in sampled], params)
             now = time.monotonic()
             bad = {sampled[row].req_id: why for row, why in failed.items()} if failed else None
-            infos = {sampled[row].req_id: token_info(values, token_ids[row], params[row])
-                     for row, values in raw.items() if bad is None or row not in failed} if raw else None
+            infos = None
+            if raw is not None:
+                kept = [j for j, row in enumerate(raw_rows) if bad is None or row not in failed]
+                rows = [raw_rows[j] for j in kept]
+                found = token_infos(raw if len(kept) == len(raw_rows) else raw[kept], [token_ids[row] for row in rows],
+                                    [params[row] for row in rows])
+                infos = {sampled[row].req_id: info for row, info in zip(rows, found)}
             plain = infos is None and not self._context_logits  # nothing but the token to report
             for request in self.scheduler.update(sched, token_ids):
                 if bad is not None and request.req_id in bad:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .models import cpu_ops
 from .request import Request, SamplingParams
 from .sampler import PenaltyState, apply_penalties, mask_logits
 
@@ -68,6 +69,26 @@ def _tail_equals(request: Request, head: tuple[int, ...]) -> bool:
         return tuple(outs[-n:]) == head
     return request.num_tokens >= n and tuple(request.prompt_ids[len(request.prompt_ids) - (n - len(outs)):]
                                              + outs) == head
+
+
+def token_infos(raw: torch.Tensor, tokens: list[int], params: list[SamplingParams]) -> list[TokenInfo]:
+    """token_info of each row of raw (fp32, a row per token); on the CPU the log-probabilities of every row in one
+    native call (ops_logprobs_rows_f32: the same log_softmax and top tokens), rows it refuses through torch."""
+    lib = cpu_ops.load_library()
+    wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
+    native = {}
+    if lib is not None and wanted and cpu_ops.usable(raw):
+        found = cpu_ops.logprobs_rows(lib, raw, wanted, [tokens[row] for row in wanted],
+                                      [min(params[row].logprobs or 0, raw.shape[-1]) for row in wanted])
+        native = {row: info for row, info in zip(wanted, found) if info is not None}
+    infos = []
+    for row, (token, p) in enumerate(zip(tokens, params)):
+        if row in native:
+            logprob, top = native[row]
+            infos.append(TokenInfo(logprob, top, raw[row].numpy() if p.return_generation_logits else None))
+        else:
+            infos.append(token_info(raw[row], token, p))
+    return infos
 
 
 def token_info(raw, token: int, p: SamplingParams) -> TokenInfo:

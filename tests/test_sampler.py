@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -217,3 +218,29 @@ def test_penalty_state_folds_tokens_in_as_they_come_and_penalizes_as_a_recount_w
         apply_penalties(logits, state, p)
         assert torch.equal(logits, want), step
         output += torch.randint(0, 60, (step % 3,), generator=rng).tolist()  # 0, 1 or 2 tokens a step
+
+
+@pytest.mark.parametrize("top", [0, 1, 5, 20])
+def test_native_logprobs_match_torch_log_softmax_and_topk(top):
+    """token_infos (ops_logprobs_rows_f32 on the CPU) against token_info's torch path, row by row: the chosen
+    token's log-probability, the top tokens and theirs; a row with NaN goes through torch (NaN, as before)."""
+    from inflight_backend.token_rules import token_info, token_infos
+
+    raw = torch.randn(6, 3000, generator=torch.Generator().manual_seed(top)) * 4
+    raw[2, 11] = float("-inf")
+    raw[4, 7] = math.nan
+    tokens = [5, 17, 11, 2999, 0, 123]
+    params = [SamplingParams(8, logprobs=top, return_generation_logits=i == 1) for i in range(6)]
+    got = token_infos(raw, tokens, params)
+    for row, (info, token, p) in enumerate(zip(got, tokens, params)):
+        want = token_info(raw[row].clone(), token, p)
+        if row == 4:
+            assert math.isnan(info.logprob) and math.isnan(want.logprob)
+            continue
+        assert info.logprob == pytest.approx(want.logprob, abs=1e-5)
+        assert [t for t, _ in info.top] == [t for t, _ in want.top]
+        assert [v for _, v in info.top] == pytest.approx([v for _, v in want.top], abs=1e-5)
+        assert (info.logits is None) == (want.logits is None)
+        if info.logits is not None:
+            assert np.array_equal(info.logits, want.logits)
+    assert got[2].logprob == float("-inf")  # a masked token: log-probability -inf, as torch's

@@ -35,6 +35,7 @@ def load_library() -> ctypes.CDLL | None:
         "ops_silu_mul_f32": [_PTR, _PTR, _I64, _I64, _I64, _PTR],
         "ops_argmax_rows_f32": [_PTR, _I64, _I64, _I64, _PTR],
         "ops_sample_rows_f32": [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR],
+        "ops_logprobs_rows_f32": [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -122,6 +123,23 @@ def sample_rows(lib: ctypes.CDLL, x: torch.Tensor, rows: list[int], temperature:
     _check(lib.ops_sample_rows_f32(x.data_ptr(), x.shape[1], x.stride(0), arrays[0].ctypes.data, len(rows),
                                    *(a.ctypes.data for a in arrays[1:]), out.ctypes.data), "sample_rows")
     return out.tolist()
+
+
+def logprobs_rows(lib: ctypes.CDLL, x: torch.Tensor, rows: list[int], tokens: list[int], top: list[int]
+                  ) -> list[tuple[float, tuple[tuple[int, float], ...]] | None]:
+    """For each of `rows` of a 2-D x with unit column stride (ops_logprobs_rows_f32): the log-probability of
+    tokens[j] and the top[j] most likely (token, log-probability), best first; None for a row holding NaN or
+    +inf."""
+    count, most = len(tokens), max(top, default=0)
+    logprob, ok = np.empty(count, dtype=np.float32), np.empty(count, dtype=np.int32)
+    top_ids, top_values = np.empty((count, most), dtype=np.int64), np.empty((count, most), dtype=np.float32)
+    where, ids, ks = (np.asarray(a, dtype=np.int64) for a in (rows, tokens, top))
+    _check(lib.ops_logprobs_rows_f32(x.data_ptr(), x.shape[1], x.stride(0), where.ctypes.data, count,
+                                     ids.ctypes.data, ks.ctypes.data,
+                                     most, logprob.ctypes.data, top_ids.ctypes.data, top_values.ctypes.data,
+                                     ok.ctypes.data), "logprobs_rows")
+    return [(float(logprob[j]), tuple(zip(top_ids[j, :top[j]].tolist(), top_values[j, :top[j]].tolist())))
+            if ok[j] else None for j in range(count)]
 
 
 class NativeRMSNorm(nn.Module):

@@ -1,6 +1,7 @@
-// The sampler's draw for sampled rows (see include/cpu_ops.h, ops_sample_rows_f32): what sampler.py's torch
-// calls did a row at a time (scale, the top-k / top-p filters, softmax, running sum, search), one pass or two over
-// the row each, one thread a row. Weights in fp32 (e^gap through fast_exp.h), sums in double.
+// The sampler's per-row work (see include/cpu_ops.h): the draw for sampled rows (ops_sample_rows_f32: what
+// sampler.py's torch calls did a row at a time: scale, the top-k / top-p filters, softmax, running sum, search)
+// and the log-probabilities requests ask for (ops_logprobs_rows_f32: token_rules.py's log_softmax and topk), one
+// pass or two over the row each, one thread a row. Weights in fp32 (e^gap through fast_exp.h), sums in double.
 #include "cpu_ops.h"
 #include "fast_exp.h"
 
@@ -212,6 +213,51 @@ extern "C" int ops_sample_rows_f32(const float* x, int64_t n, int64_t ldx, const
 #pragma omp for schedule(dynamic, 1)
     for (int64_t j = 0; j < count; ++j)
       out[j] = sample_row(x + rows[j] * ldx, n, temperature[j], top_k[j], top_p[j], uniform[j], s);
+  }
+  return OPS_OK;
+}
+
+extern "C" int ops_logprobs_rows_f32(const float* x, int64_t n, int64_t ldx, const int64_t* rows, int64_t count,
+                                     const int64_t* tokens, const int64_t* top, int64_t max_top, float* logprob,
+                                     int64_t* top_ids, float* top_logprobs, int32_t* ok) {
+  if (n <= 0 || ldx < n || count < 0 || max_top < 0) return OPS_ERR_SHAPE;
+  for (int64_t j = 0; j < count; ++j)
+    if (rows[j] < 0 || tokens[j] < 0 || tokens[j] >= n || top[j] < 0 || top[j] > max_top) return OPS_ERR_SHAPE;
+#pragma omp parallel if (count * n >= (int64_t(1) << 18))
+  {
+    std::vector<int32_t> best;
+    std::vector<float> maxima;
+#pragma omp for schedule(static)
+    for (int64_t j = 0; j < count; ++j) {
+      const float* r = x + rows[j] * ldx;
+      float m = -INFINITY;
+      int bad = 0;
+#pragma omp simd reduction(max : m) reduction(+ : bad)
+      for (int64_t i = 0; i < n; ++i) {
+        m = r[i] > m ? r[i] : m;
+        bad += (r[i] != r[i]) | (r[i] == INFINITY);
+      }
+      ok[j] = !bad && m > -INFINITY;
+      if (!ok[j]) continue;
+      double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t i = 0; i < n; ++i) sum += inflight::exp_neg(r[i] - m);
+      const float lse = float(std::log(sum));  // log_softmax(r)_i = (r_i - m) - lse, as torch computes it
+      logprob[j] = (r[tokens[j]] - m) - lse;
+      const int64_t k = std::min(top[j], n);
+      if (k == 0) continue;
+      if (k < n) {
+        best_tokens(r, n, k, best, maxima);
+      } else {
+        best.resize(n);
+        for (int64_t i = 0; i < n; ++i) best[i] = int32_t(i);
+        std::sort(best.begin(), best.end(), Better{r});
+      }
+      for (int64_t t = 0; t < k; ++t) {
+        top_ids[j * max_top + t] = best[t];
+        top_logprobs[j * max_top + t] = (r[best[t]] - m) - lse;
+      }
+    }
   }
   return OPS_OK;
 }

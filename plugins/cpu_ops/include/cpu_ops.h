@@ -45,6 +45,15 @@ int ops_sample_rows_f32(const float* x, int64_t n, int64_t ldx, const int64_t* r
                         const float* temperature, const int64_t* top_k, const float* top_p, const double* uniform,
                         int64_t* out);
 
+// Log-probabilities (log_softmax in fp32, the sum of exponentials in double) of `count` rows of x, row j at
+// x + rows[j] * ldx: logprob[j] = that of tokens[j]; the top[j] most likely tokens (0 <= top[j] <= max_top, ties by the
+// lower index), best first, at top_ids[j * max_top] and top_logprobs[j * max_top]. ok[j] = 0 where row j holds a
+// NaN or +inf (its outputs are not written; torch's log_softmax gives NaN there), else 1. One thread a row.
+int ops_logprobs_rows_f32(const float* x, int64_t n, int64_t ldx, const int64_t* rows, int64_t count,
+                          const int64_t* tokens,
+                          const int64_t* top, int64_t max_top, float* logprob, int64_t* top_ids, float* top_logprobs,
+                          int32_t* ok);
+
 #ifdef __cplusplus
 }
 #endif
