@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..paths import LIB_DIR
-from .llama import MLP, Attention, RMSNorm, qk_rows
+from .llama import RMSNorm, install_fused_ops, qk_rows
 
 OPS_OK = 0
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -168,17 +168,4 @@ def convert_cpu_ops(model: nn.Module, lib: ctypes.CDLL) -> None:
     """Fuse the model's RMSNorms, rotary embeddings and SiLU-and-multiply (in place). Only for an fp32 model on
     the CPU whose linear layers return contiguous rows (PackedLinear): the kernels take those tensors as they
     come, with no per-call checks."""
-    for module in model.modules():
-        if isinstance(module, Attention):
-            module.rotary = partial(_rotary_pair, lib)
-        elif isinstance(module, MLP):
-            module.act_mul = partial(silu_mul, lib)
-    _replace_norms(model, lib)
-
-
-def _replace_norms(module: nn.Module, lib: ctypes.CDLL) -> None:
-    for name, child in module.named_children():
-        if isinstance(child, RMSNorm):
-            setattr(module, name, NativeRMSNorm(child, lib))
-        else:
-            _replace_norms(child, lib)
+    install_fused_ops(model, partial(_rotary_pair, lib), partial(silu_mul, lib), lambda norm: NativeRMSNorm(norm, lib))

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..paths import LIB_DIR
-from .llama import MLP, Attention, RMSNorm, apply_rotary, qk_rows, silu_mul
+from .llama import RMSNorm, apply_rotary, install_fused_ops, qk_rows, silu_mul
 
 COPS_OK = 0
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -125,17 +125,4 @@ def silu_mul_(lib: ctypes.CDLL, gate: torch.Tensor, up: torch.Tensor) -> torch.T
 
 def convert_cuda_ops(model: nn.Module, lib: ctypes.CDLL) -> None:
     """Fuse the model's RMSNorms, rotary embeddings and SiLU-and-multiply (in place)."""
-    for module in model.modules():
-        if isinstance(module, Attention):
-            module.rotary = partial(_rotary_pair, lib)
-        elif isinstance(module, MLP):
-            module.act_mul = partial(silu_mul_, lib)
-    _replace_norms(model, lib)
-
-
-def _replace_norms(module: nn.Module, lib: ctypes.CDLL) -> None:
-    for name, child in module.named_children():
-        if isinstance(child, RMSNorm) and not isinstance(child, CudaRMSNorm):
-            setattr(module, name, CudaRMSNorm(child, lib))
-        else:
-            _replace_norms(child, lib)
+    install_fused_ops(model, partial(_rotary_pair, lib), partial(silu_mul_, lib), lambda norm: CudaRMSNorm(norm, lib))

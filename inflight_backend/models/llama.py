@@ -265,6 +265,25 @@ def merge_projections(model: nn.Module) -> None:
             merge()
 
 
+def install_fused_ops(model: nn.Module, rotary, act_mul, fused_norm) -> None:
+    """Every Attention's rotary and MLP's act_mul replaced (as their class attributes' signatures), and every
+    RMSNorm by fused_norm(norm) (models/cpu_ops.py and cuda_ops.py: a kernel library's fused ops)."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.rotary = rotary
+        elif isinstance(module, MLP):
+            module.act_mul = act_mul
+    _replace_norms(model, fused_norm)
+
+
+def _replace_norms(module: nn.Module, fused_norm) -> None:
+    for name, child in module.named_children():
+        if type(child) is RMSNorm:
+            setattr(module, name, fused_norm(child))
+        else:
+            _replace_norms(child, fused_norm)
+
+
 def merged_linear(*linears: nn.Linear) -> nn.Linear:
     """One nn.Linear computing the given ones' outputs side by side (their weights stacked by output)."""
     weight = torch.cat([lin.weight.detach() for lin in linears])

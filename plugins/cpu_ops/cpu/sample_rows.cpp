@@ -176,16 +176,23 @@ int64_t draw(const float* w, int64_t n, double u, Scratch& s) {
   return -1;
 }
 
-int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, float top_p, double u,
-                   Scratch& s) {
-  float m = -INFINITY;
+// The row's largest value into *m; false when the row holds a NaN or +inf, or nothing finite.
+bool finite_max(const float* x, int64_t n, float* m) {
+  float top = -INFINITY;
   int bad = 0;
-#pragma omp simd reduction(max : m) reduction(+ : bad)
+#pragma omp simd reduction(max : top) reduction(+ : bad)
   for (int64_t i = 0; i < n; ++i) {
-    m = x[i] > m ? x[i] : m;
+    top = x[i] > top ? x[i] : top;
     bad += (x[i] != x[i]) | (x[i] == INFINITY);
   }
-  if (bad || m == -INFINITY) return -1;
+  *m = top;
+  return !bad && top > -INFINITY;
+}
+
+int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, float top_p, double u,
+                   Scratch& s) {
+  float m;
+  if (!finite_max(x, n, &m)) return -1;
   s.w.resize(n);
   float* __restrict w = s.w.data();
 #pragma omp simd
@@ -225,19 +232,12 @@ extern "C" int ops_logprobs_rows_f32(const float* x, int64_t n, int64_t ldx, con
     if (rows[j] < 0 || tokens[j] < 0 || tokens[j] >= n || top[j] < 0 || top[j] > max_top) return OPS_ERR_SHAPE;
 #pragma omp parallel if (count * n >= (int64_t(1) << 18))
   {
-    std::vector<int32_t> best;
-    std::vector<float> maxima;
+    Scratch s;
 #pragma omp for schedule(static)
     for (int64_t j = 0; j < count; ++j) {
       const float* r = x + rows[j] * ldx;
-      float m = -INFINITY;
-      int bad = 0;
-#pragma omp simd reduction(max : m) reduction(+ : bad)
-      for (int64_t i = 0; i < n; ++i) {
-        m = r[i] > m ? r[i] : m;
-        bad += (r[i] != r[i]) | (r[i] == INFINITY);
-      }
-      ok[j] = !bad && m > -INFINITY;
+      float m;
+      ok[j] = finite_max(r, n, &m);
       if (!ok[j]) continue;
       double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
@@ -246,16 +246,13 @@ extern "C" int ops_logprobs_rows_f32(const float* x, int64_t n, int64_t ldx, con
       logprob[j] = (r[tokens[j]] - m) - lse;
       const int64_t k = std::min(top[j], n);
       if (k == 0) continue;
-      if (k < n) {
-        best_tokens(r, n, k, best, maxima);
-      } else {
-        best.resize(n);
-        for (int64_t i = 0; i < n; ++i) best[i] = int32_t(i);
-        std::sort(best.begin(), best.end(), Better{r});
-      }
+      if (k < n)
+        best_tokens(r, n, k, s.best, s.maxima);
+      else
+        sort_all(r, n, s.best, s.keys, s.spare);
       for (int64_t t = 0; t < k; ++t) {
-        top_ids[j * max_top + t] = best[t];
-        top_logprobs[j * max_top + t] = (r[best[t]] - m) - lse;
+        top_ids[j * max_top + t] = s.best[t];
+        top_logprobs[j * max_top + t] = (r[s.best[t]] - m) - lse;
       }
     }
   }
