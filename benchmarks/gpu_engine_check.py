@@ -14,7 +14,8 @@ no tritonserver.
 3. Saturated: a Llama-3.1-8B-shaped checkpoint with random bf16 weights, written on the spot to
    build/models/llama-8b-shape, --streams requests of 128 prompt tokens forced to 128 output tokens, all at once:
    output tokens/s. TensorRT-LLM publishes 27,911 output tokens/s for Llama 3.1 8B in FP8 on one H200 at
-   128/128; the aim here is at least half (in bf16).
+   128/128; the aim here is at least half (in bf16). Then the largest batch again with every request sampled
+   (temperature 0.8, top-p 0.9): the sampler's cost there.
 4. CUDA graphs: the oracle and the saturated runs again, graphs captured; then the fused CUDA ops
    (`cuda_fused_ops: on`, plugins/cuda_ops): the oracle and the saturated runs once more, beside the runs before.
 `--device cpu --big small` runs the same code on the CPU with small shapes (how the script is checked without a GPU).
@@ -82,7 +83,8 @@ def oracle(device: str, dtype: str, path: str, attention: str, graphs: bool = Fa
 
 
 def saturated(device: str, path: str, streams: int, attention: str, prompt_len: int = 128,
-              output_len: int = 128, profile: int = 0, graphs: bool = False, fused: str = "off") -> dict:
+              output_len: int = 128, profile: int = 0, graphs: bool = False, fused: str = "off",
+              temperature: float = 0.0, top_p: float = 1.0) -> dict:
     """All `streams` requests at once, run to the end; `profile`: print torch.profiler's tables for that many
     decode steps (from the 20th step on; their time is counted too)."""
     blocks = streams * -(-(prompt_len + output_len) // 16) + 16
@@ -95,7 +97,8 @@ def saturated(device: str, path: str, streams: int, attention: str, prompt_len: 
     rng = random.Random(1)
     for i in range(streams):
         engine.add_request(str(i), [rng.randrange(vocab) for _ in range(prompt_len)],
-                           SamplingParams(max_tokens=output_len, min_tokens=output_len))
+                           SamplingParams(max_tokens=output_len, min_tokens=output_len, temperature=temperature,
+                                          top_p=top_p, seed=i))
     if device == "cuda":
         torch.cuda.synchronize()
     start, tokens, profiler = time.perf_counter(), 0, None
@@ -112,7 +115,8 @@ def saturated(device: str, path: str, streams: int, attention: str, prompt_len: 
             profiler = None
     wall = time.perf_counter() - start
     s = engine.stats
-    return {"streams": streams, "cuda_graphs": graphs, "cuda_fused_ops": fused, "output_tokens": tokens,
+    return {"streams": streams, "cuda_graphs": graphs, "cuda_fused_ops": fused, "temperature": temperature,
+            "top_p": top_p, "output_tokens": tokens,
             "seconds": wall,
             "output_tokens_per_s": tokens / wall,
             "steps": s.num_steps, "model_s": s.model_seconds, "schedule_s": s.schedule_seconds,
@@ -134,6 +138,8 @@ def oracles(device: str, path: str, attention: str, graphs: bool, fused: str = "
 def report(name: str, run: dict) -> dict:
     fused = run["cuda_fused_ops"]
     graphs = (", CUDA graphs" if run["cuda_graphs"] else "") + (f", cuda_fused_ops {fused}" if fused != "off" else "")
+    if run["temperature"]:
+        graphs += f", sampled (temperature {run['temperature']}, top-p {run['top_p']})"
     print(f"saturated {name} bf16{graphs}, {run['streams']} streams of 128 in / 128 out: "
           f"{run['output_tokens_per_s']:,.0f} output tokens/s ({run['output_tokens']} tokens in "
           f"{run['seconds']:.1f} s, {run['steps']} steps; model {run['model_s']:.1f} s, schedule "
@@ -204,6 +210,10 @@ def main() -> int:
         print(f"checkpoint ready in {time.perf_counter() - start:.0f} s", flush=True)
         for streams in args.streams:
             eager[streams] = report(args.big, saturated(args.device, path, streams, args.attention))
+        most = args.streams[-1]  # every request sampled: the sampler's cost at the largest batch
+        run = report(args.big, saturated(args.device, path, most, args.attention, temperature=0.8, top_p=0.9))
+        print(f"sampled / greedy at {most} streams: "
+              f"{run['output_tokens_per_s'] / eager[most]['output_tokens_per_s']:.2f}", flush=True)
     if args.profile and not args.skip_big:
         print(f"profile: {args.profile} decode steps at {args.streams[-1]} streams, eager (untimed run)", flush=True)
         saturated(args.device, path, args.streams[-1], args.attention, profile=args.profile)

@@ -33,47 +33,38 @@ class Sampler:
         failed: dict[int, str] = {}
         for row in non_finite_rows(logits, tokens):  # argmax picks a NaN or inf wherever one decides
             failed[row], tokens[row] = "the model produced non-finite logits for this request", -1
-        sampled = [row for row, p in enumerate(params) if not p.greedy and row not in failed]
-        if sampled and self._ops is not None and cpu_ops.usable(logits):
-            self._sample_native(logits, sampled, req_ids, params, tokens, failed)
+        rows = [row for row, p in enumerate(params) if not p.greedy and row not in failed]
+        if not rows:
             return tokens, failed
-        for row in sampled:
-            try:
-                tokens[row] = self._sample_row(logits[row], req_ids[row], params[row])
-            except (RuntimeError, ValueError) as exc:  # one row's failure ends that request only
-                failed[row], tokens[row] = f"sampling failed: {exc}", -1
+        ps = [params[row] for row in rows]
+        uniform = [float(torch.rand((), generator=self._generator(req_ids[row], p), dtype=torch.float64))
+                   for row, p in zip(rows, ps)]  # each request's own stream of draws, one a sampled token
+        temperature, top_k, top_p = [p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps]
+        if self._ops is not None and cpu_ops.usable(logits):
+            drawn = cpu_ops.sample_rows(self._ops, logits, rows, temperature, top_k, top_p, uniform)
+        else:
+            picked = logits[torch.tensor(rows, device=logits.device)]
+            probs = filter_probs(scale(picked, torch.tensor(temperature, dtype=torch.float64, device=logits.device)),
+                                 top_k, top_p)
+            drawn = draw(probs, torch.tensor(uniform, dtype=torch.float64, device=logits.device))
+        for row, token in zip(rows, drawn):  # one row's failure ends that request only
+            if token < 0:
+                failed[row], tokens[row] = f"sampling failed: {NO_MASS}", -1
+            else:
+                tokens[row] = token
         return tokens, failed
 
     def forget(self, req_id: str) -> None:
         self._generators.pop(req_id, None)
 
-    def _generator(self, req_id: str, p: SamplingParams, device: torch.device) -> torch.Generator:
+    def _generator(self, req_id: str, p: SamplingParams) -> torch.Generator:
+        """The request's generator (on the CPU whatever the logits' device: a seed draws the same uniforms
+        everywhere, and a draw costs no kernel launch)."""
         gen = self._generators.get(req_id)
         if gen is None:
-            gen = self._generators[req_id] = torch.Generator(device=device)
+            gen = self._generators[req_id] = torch.Generator()
             gen.manual_seed(p.seed if p.seed is not None else torch.seed())
         return gen
-
-    def _sample_row(self, logits: torch.Tensor, req_id: str, p: SamplingParams) -> int:
-        return draw(filter_probs(scale(logits, p.temperature), p.top_k, p.top_p),
-                    self._generator(req_id, p, logits.device))
-
-    def _sample_native(self, logits: torch.Tensor, rows: list[int], req_ids: list[str],
-                       params: list[SamplingParams], tokens: list[int], failed: dict[int, str]) -> None:
-        """The sampled rows of fp32 CPU logits in one native call (ops_sample_rows_f32: the same filters and draw
-        as filter_probs and draw, weights in fp32, each row on one thread whatever the batch), each row's uniform
-        the one `draw` takes from its request's generator."""
-        assert self._ops is not None
-        ps = [params[row] for row in rows]
-        uniform = [float(torch.rand((), generator=self._generator(req_ids[row], p, logits.device),
-                                    dtype=torch.float64)) for row, p in zip(rows, ps)]
-        drawn = cpu_ops.sample_rows(self._ops, logits, rows, [p.temperature for p in ps], [p.top_k for p in ps],
-                                    [p.top_p for p in ps], uniform)
-        for row, token in zip(rows, drawn):
-            if token < 0:
-                failed[row], tokens[row] = f"sampling failed: {NO_MASS}", -1
-            else:
-                tokens[row] = token
 
 
 def non_finite_rows(logits: torch.Tensor, tokens: list[int]) -> list[int]:
@@ -140,56 +131,45 @@ def apply_penalties(logits: torch.Tensor, state: PenaltyState, p: SamplingParams
             logits[torch.from_numpy(ids).to(logits.device)] -= p.presence_penalty + p.frequency_penalty * counts
 
 
-def scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """(logits - max) / temperature in float64: the best token stays at 0, so however small the temperature
-    (down to the 1e-5 below which a request is greedy), the rest only underflow towards -inf, never NaN."""
-    shifted = logits.double() - logits.max().double()
-    return shifted / temperature
+def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """Rows (logits - their max) / their temperature in float64: the best token stays at 0, so however small the
+    temperature (down to the 1e-5 below which a request is greedy), the rest only underflow towards -inf, never
+    NaN."""
+    shifted = logits.double() - logits.max(dim=-1, keepdim=True).values.double()
+    return shifted / temperature.unsqueeze(-1)
 
 
-def filter_probs(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Softmax over the top-k logits, then the smallest prefix whose mass reaches top_p (always >= 1 token).
-
-    Sorts only what the filters need (a 32,000-value sort takes ~2.4 ms on a CPU core): nothing without them, the
-    top k with top_k, and with top_p alone the best NUCLEUS_FIRST tokens, 4x more until their mass reaches top_p
-    (then every token past them is cut: their strictly better mass is at least that), all of them at worst."""
-    n = logits.shape[-1]
-    top_k = top_k if 0 < top_k < n else 0
-    if not top_k and top_p >= 1.0:
+def filter_probs(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Row by row (rows of `logits`, one top_k and top_p each): softmax over the top-k logits, then the smallest
+    prefix, best first, whose mass reaches top_p (always >= 1 token). Every row at once, so that on a GPU a step
+    is a few kernels whatever its batch: one stable sort of the rows when a filter is on (ties: the lower index
+    first), the ranks past k masked, the nucleus cut by the mass of strictly better tokens."""
+    rows, n = logits.shape
+    ks = [k if 0 < k < n else n for k in top_k]
+    if all(k == n for k in ks) and all(p >= 1.0 for p in top_p):
         return torch.softmax(logits, dim=-1)
-    if top_k:
-        sorted_logits, order = torch.topk(logits, top_k)
-        probs = torch.softmax(sorted_logits, dim=-1)
-    else:
-        lse = torch.logsumexp(logits, dim=-1)
-        k = NUCLEUS_FIRST
-        while True:
-            sorted_logits, order = torch.topk(logits, k) if k < n else torch.sort(logits, descending=True)
-            probs = torch.exp(sorted_logits - lse)  # the softmax over every token, for the best k
-            if k >= n or float(probs.sum()) >= top_p:
-                break
-            k *= 4
-    if top_p < 1.0:
-        before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly better tokens
-        probs = probs.masked_fill(before >= top_p, 0.0)
-    probs = probs / probs.sum()
-    return torch.zeros(n, dtype=probs.dtype, device=probs.device).scatter_(0, order, probs)
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    rank = torch.arange(n, device=logits.device)
+    limit = torch.tensor(ks, device=logits.device).unsqueeze(-1)
+    sorted_logits = sorted_logits.masked_fill(rank >= limit, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    nucleus = torch.tensor([p if p < 1.0 else math.inf for p in top_p], dtype=probs.dtype, device=probs.device)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly better tokens
+    probs = probs.masked_fill(before >= nucleus.unsqueeze(-1), 0.0)
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(-1, order, probs)
 
 
-NUCLEUS_FIRST = 64  # tokens filter_probs sorts first for a top_p alone
-NO_MASS = "no probability mass to sample from (non-finite or negative weights)"
-
-
-def draw(probs: torch.Tensor, gen: torch.Generator) -> int:
-    """One index with probability probs[i] / sum(probs) (non-negative, finite, some positive), by one uniform
-    draw from `gen` against the running sum: ~0.05 ms on 32,000 values where torch.multinomial takes ~0.9. A zero
-    weight is never drawn (the first running sum above the draw is a positive weight's)."""
+def draw(probs: torch.Tensor, uniform: torch.Tensor) -> list[int]:
+    """One index a row with probability probs[i] / sum(probs) (non-negative, finite, some positive): the first
+    whose running sum passes uniform * the row's total; -1 for a row with no such mass. A zero weight is never
+    drawn (the first running sum above the draw is a positive weight's)."""
     cdf = torch.cumsum(probs, dim=-1)
-    total = float(cdf[-1])
-    if not (math.isfinite(total) and total > 0) or bool((probs < 0).any()):
-        raise ValueError(NO_MASS)
-    u = torch.rand((), generator=gen, dtype=cdf.dtype, device=cdf.device) * total
-    index = int(torch.searchsorted(cdf, u, right=True))
-    if index >= probs.shape[-1]:  # u rounded up to the total: the last token with weight
-        index = int(torch.nonzero(probs).max())
-    return index
+    total = cdf[:, -1]
+    valid = torch.isfinite(total) & (total > 0) & ~(probs < 0).any(dim=-1)
+    index = torch.searchsorted(cdf, (uniform * total).unsqueeze(-1), right=True).squeeze(-1)
+    index = torch.where(valid, index.clamp(max=probs.shape[-1] - 1), -1)
+    return index.tolist()
+
+
+NO_MASS = "no probability mass to sample from (non-finite or negative weights)"

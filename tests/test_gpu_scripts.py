@@ -26,6 +26,7 @@ def test_the_engine_check_runs_on_the_cpu_with_small_shapes():
     assert "profile: 1 decode steps at 8 streams" in done.stdout and "Self CPU time total" in done.stdout
     assert "oracle float32 on cpu, cuda_fused_ops auto: 12 of 12" in done.stdout  # the fused ops' section ran
     assert "fused CUDA ops / without at 8 streams" in done.stdout
+    assert "sampled / greedy at 8 streams" in done.stdout
     assert done.stdout.rstrip().endswith("ENGINE CHECKS OK")
 
 

@@ -10,8 +10,8 @@ from inflight_backend.sampler import Sampler, filter_probs, mask_logits, non_fin
 
 def test_top_k_and_top_p_keep_only_the_best_tokens():
     logits = torch.tensor([1.0, 4.0, 3.0, 2.0])
-    assert (filter_probs(logits.clone(), top_k=2, top_p=1.0) > 0).tolist() == [False, True, True, False]
-    probs = filter_probs(logits.clone(), top_k=0, top_p=0.5)
+    assert (filter_probs(logits[None], [2], [1.0])[0] > 0).tolist() == [False, True, True, False]
+    probs = filter_probs(logits[None], [0], [0.5])[0]
     assert (probs > 0).tolist() == [False, True, False, False]
     assert torch.isclose(probs.sum(), torch.tensor(1.0))
 
@@ -90,7 +90,7 @@ def test_non_finite_chosen_logits_are_found_on_either_path(layout):
 
 
 def reference_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """The filters over a full sort, as written before filter_probs sorted only what they need."""
+    """The filters over a full sort, one row (as written when filter_probs took one row at a time)."""
     sorted_logits, order = torch.sort(logits, descending=True)
     if top_k > 0:
         sorted_logits[top_k:] = float("-inf")
@@ -109,7 +109,7 @@ def reference_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Te
 def test_filters_keep_the_same_tokens_and_mass_as_a_full_sort(spread, top_k, top_p):
     logits = (torch.randn(3000, generator=torch.Generator().manual_seed(int(spread * 10) + top_k)) * spread).double()
     logits[17] = float("-inf")
-    got, want = filter_probs(logits.clone(), top_k, top_p), reference_filter(logits.clone(), top_k, top_p)
+    got, want = filter_probs(logits[None], [top_k], [top_p])[0], reference_filter(logits.clone(), top_k, top_p)
     assert torch.equal(got > 0, want > 0)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
 
@@ -117,17 +117,15 @@ def test_filters_keep_the_same_tokens_and_mass_as_a_full_sort(spread, top_k, top
 def test_draw_never_takes_a_zero_weight_and_follows_the_weights():
     from inflight_backend.sampler import draw
 
-    weights = torch.tensor([0.0, 1.0, 0.0, 3.0, 0.0], dtype=torch.float64)
-    gen = torch.Generator().manual_seed(0)
-    counts = torch.bincount(torch.tensor([draw(weights, gen) for _ in range(4000)]), minlength=5)
+    weights = torch.tensor([[0.0, 1.0, 0.0, 3.0, 0.0]], dtype=torch.float64).expand(4000, 5)
+    uniform = torch.rand(4000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    counts = torch.bincount(torch.tensor(draw(weights, uniform)), minlength=5)
     assert counts[[0, 2, 4]].sum() == 0
     assert 0.22 < counts[1] / 4000 < 0.28  # 1/4, the binomial spread ~0.007
-    same = [draw(weights, torch.Generator().manual_seed(9)) for _ in range(2)]
-    assert same[0] == same[1]
-    with pytest.raises(ValueError, match="no probability mass"):
-        draw(torch.zeros(4, dtype=torch.float64), gen)
-    with pytest.raises(ValueError, match="no probability mass"):
-        draw(torch.tensor([0.5, float("nan")], dtype=torch.float64), gen)
+    edges = draw(weights[:3], torch.tensor([0.0, 0.25, 1 - 2 ** -52], dtype=torch.float64))
+    assert edges == [1, 3, 3]  # a draw at a boundary takes the next positive weight; never past the last
+    bad = torch.tensor([[0.0, 0.0], [0.5, float("nan")], [1.0, -0.5], [0.2, 0.8]], dtype=torch.float64)
+    assert draw(bad, torch.full((4,), 0.5, dtype=torch.float64)) == [-1, -1, -1, 1]
 
 
 def native_lib():
@@ -244,3 +242,14 @@ def test_native_logprobs_match_torch_log_softmax_and_topk(top):
         if info.logits is not None:
             assert np.array_equal(info.logits, want.logits)
     assert got[2].logprob == float("-inf")  # a masked token: log-probability -inf, as torch's
+
+
+def test_the_torch_path_samples_a_batch_as_its_rows_alone():
+    """Logits the native draw does not take (bfloat16 here; a GPU's) go through filter_probs and draw for the
+    whole batch at once: each row's token is the one it gets alone, for every filter."""
+    logits = (torch.randn(6, 700, generator=torch.Generator().manual_seed(9)) * 3).to(torch.bfloat16)
+    params = [SamplingParams(8, temperature=0.9, top_k=[0, 7, 50][i % 3], top_p=[1.0, 0.8][i % 2], seed=i)
+              for i in range(6)]
+    together, failed = Sampler().sample(logits, list("abcdef"), params)
+    alone = [Sampler().sample(logits[i:i + 1], ["abcdef"[i]], [params[i]])[0][0] for i in range(6)]
+    assert failed == {} and together == alone
