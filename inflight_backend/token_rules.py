@@ -72,33 +72,34 @@ def _tail_equals(request: Request, head: tuple[int, ...]) -> bool:
 
 
 def token_infos(raw: torch.Tensor, tokens: list[int], params: list[SamplingParams]) -> list[TokenInfo]:
-    """token_info of each row of raw (fp32, a row per token); on the CPU the log-probabilities of every row in one
-    native call (ops_logprobs_rows_f32: the same log_softmax and top tokens), rows it refuses through torch."""
-    lib = cpu_ops.load_library()
+    """What each row's request asked to know about its token (`raw`: the rows' logits, fp32, before penalties,
+    masks and temperature): log-probabilities (log_softmax, as transformers' scores) of the token and of the
+    most likely ones, the raw logits. On the CPU the log-probabilities of every row in one native call
+    (ops_logprobs_rows_f32); rows it refuses (NaN, +inf) and other devices through torch, all rows at once."""
     wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
-    native = {}
+    top = [min(params[row].logprobs or 0, raw.shape[-1]) for row in wanted]
+    found: dict[int, tuple[float, tuple[tuple[int, float], ...]]] = {}
+    lib = cpu_ops.load_library()
     if lib is not None and wanted and cpu_ops.usable(raw):
-        found = cpu_ops.logprobs_rows(lib, raw, wanted, [tokens[row] for row in wanted],
-                                      [min(params[row].logprobs or 0, raw.shape[-1]) for row in wanted])
-        native = {row: info for row, info in zip(wanted, found) if info is not None}
-    infos = []
-    for row, (token, p) in enumerate(zip(tokens, params)):
-        if row in native:
-            logprob, top = native[row]
-            infos.append(TokenInfo(logprob, top, raw[row].numpy() if p.return_generation_logits else None))
-        else:
-            infos.append(token_info(raw[row], token, p))
-    return infos
+        native = cpu_ops.logprobs_rows(lib, raw, wanted, [tokens[row] for row in wanted], top)
+        found = {row: info for row, info in zip(wanted, native) if info is not None}
+    rest = [(row, k) for row, k in zip(wanted, top) if row not in found]
+    if rest:
+        found.update(_torch_logprobs(raw, rest, tokens))
+    with_logits = [row for row, p in enumerate(params) if p.return_generation_logits]
+    logits = dict(zip(with_logits, raw[with_logits].cpu().numpy())) if with_logits else {}
+    return [TokenInfo(*found[row], logits.get(row)) if row in found else TokenInfo(logits=logits.get(row))
+            for row in range(len(params))]
 
 
-def token_info(raw, token: int, p: SamplingParams) -> TokenInfo:
-    """Log-probabilities of one row of raw logits (fp32 log_softmax, as transformers' scores)."""
-    logits = raw.cpu().numpy() if p.return_generation_logits else None
-    if p.logprobs is None:
-        return TokenInfo(logits=logits)
-    logprobs = torch.log_softmax(raw, dim=-1)
-    top: tuple[tuple[int, float], ...] = ()
-    if p.logprobs:
-        values, ids = torch.topk(logprobs, min(p.logprobs, logprobs.numel()))
-        top = tuple(zip(ids.tolist(), values.tolist()))
-    return TokenInfo(float(logprobs[token]), top, logits)
+def _torch_logprobs(raw: torch.Tensor, rows: list[tuple[int, int]], tokens: list[int]
+                    ) -> dict[int, tuple[float, tuple[tuple[int, float], ...]]]:
+    """{row: (the token's log-probability, its k most likely (token, log-probability))} for (row, k) in `rows`,
+    through torch's log_softmax and topk over all of them at once (one device sync, not one a row)."""
+    index = torch.tensor([row for row, _ in rows], device=raw.device)
+    logprobs = torch.log_softmax(raw[index], dim=-1)
+    chosen = logprobs.gather(1, torch.tensor([[tokens[row]] for row, _ in rows], device=raw.device))
+    most = max(k for _, k in rows)
+    values, ids = torch.topk(logprobs, most) if most else (logprobs[:, :0], logprobs[:, :0].long())
+    chosen_list, values_list, ids_list = chosen.squeeze(1).tolist(), values.tolist(), ids.tolist()
+    return {row: (chosen_list[j], tuple(zip(ids_list[j][:k], values_list[j][:k]))) for j, (row, k) in enumerate(rows)}

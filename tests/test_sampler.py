@@ -218,29 +218,36 @@ def test_penalty_state_folds_tokens_in_as_they_come_and_penalizes_as_a_recount_w
         output += torch.randint(0, 60, (step % 3,), generator=rng).tolist()  # 0, 1 or 2 tokens a step
 
 
-@pytest.mark.parametrize("top", [0, 1, 5, 20])
-def test_native_logprobs_match_torch_log_softmax_and_topk(top):
-    """token_infos (ops_logprobs_rows_f32 on the CPU) against token_info's torch path, row by row: the chosen
-    token's log-probability, the top tokens and theirs; a row with NaN goes through torch (NaN, as before)."""
-    from inflight_backend.token_rules import token_info, token_infos
+def reference_info(raw: torch.Tensor, token: int, k: int) -> tuple[float, list[int], list[float]]:
+    logprobs = torch.log_softmax(raw, dim=-1)
+    values, ids = torch.topk(logprobs, k)
+    return float(logprobs[token]), ids.tolist(), values.tolist()
 
-    raw = torch.randn(6, 3000, generator=torch.Generator().manual_seed(top)) * 4
+
+@pytest.mark.parametrize("top", [0, 1, 5, 20])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["native", "torch"])
+def test_logprobs_match_torch_log_softmax_and_topk(top, dtype):
+    """token_infos (fp32 CPU rows: ops_logprobs_rows_f32; others, float64 here as a GPU's: torch over every row
+    at once) against torch's log_softmax and topk row by row: the chosen token's log-probability, the top tokens
+    and theirs; a row with NaN: NaN, as torch's; raw logits where asked, and nothing where not asked."""
+    from inflight_backend.token_rules import token_infos
+
+    raw = (torch.randn(6, 3000, generator=torch.Generator().manual_seed(top)) * 4).to(dtype)
     raw[2, 11] = float("-inf")
     raw[4, 7] = math.nan
     tokens = [5, 17, 11, 2999, 0, 123]
-    params = [SamplingParams(8, logprobs=top, return_generation_logits=i == 1) for i in range(6)]
+    params = [SamplingParams(8, logprobs=None if i == 5 else top, return_generation_logits=i == 1) for i in range(6)]
     got = token_infos(raw, tokens, params)
-    for row, (info, token, p) in enumerate(zip(got, tokens, params)):
-        want = token_info(raw[row].clone(), token, p)
+    assert got[5].logprob is None and got[5].top == () and got[5].logits is None
+    assert np.array_equal(got[1].logits, raw[1].numpy()) and got[0].logits is None
+    for row in range(5):
+        logprob, ids, values = reference_info(raw[row].clone(), tokens[row], top)
         if row == 4:
-            assert math.isnan(info.logprob) and math.isnan(want.logprob)
+            assert math.isnan(got[row].logprob) and math.isnan(logprob)
             continue
-        assert info.logprob == pytest.approx(want.logprob, abs=1e-5)
-        assert [t for t, _ in info.top] == [t for t, _ in want.top]
-        assert [v for _, v in info.top] == pytest.approx([v for _, v in want.top], abs=1e-5)
-        assert (info.logits is None) == (want.logits is None)
-        if info.logits is not None:
-            assert np.array_equal(info.logits, want.logits)
+        assert got[row].logprob == pytest.approx(logprob, abs=1e-5)
+        assert [t for t, _ in got[row].top] == ids
+        assert [v for _, v in got[row].top] == pytest.approx(values, abs=1e-5)
     assert got[2].logprob == float("-inf")  # a masked token: log-probability -inf, as torch's
 
 
