@@ -115,20 +115,44 @@ class PenaltyState:
             self.folded = len(output_ids)
 
 
-def apply_penalties(logits: torch.Tensor, state: PenaltyState, p: SamplingParams) -> None:
-    """In place on one row, `state` up to date. Repetition (transformers' RepetitionPenaltyLogitsProcessor,
-    TensorRT-LLM's): every token of the prompt and output, negative logits times the penalty, positive ones divided
-    by it. Presence and frequency (vLLM's, OpenAI's): each token generated so far, minus presence once and
-    frequency per time."""
+def apply_penalties(logits: torch.Tensor, rows: list[int], states: list[PenaltyState],
+                    params: list[SamplingParams]) -> None:
+    """In place on `rows` of logits, each with its request's state (up to date) and parameters, every row at
+    once (on a GPU: one copy to the device a kind of penalty, not one a row). Repetition (transformers'
+    RepetitionPenaltyLogitsProcessor, TensorRT-LLM's): every token of the prompt and output, negative logits
+    times the penalty, positive ones divided by it. Presence and frequency (vLLM's, OpenAI's): each token
+    generated so far, minus presence once and frequency per time."""
+    rep = [(row, np.flatnonzero(s.seen), p.repetition_penalty)
+           for row, s, p in zip(rows, states, params) if s.seen is not None]
+    freq = [(row, ids, s.counts[ids], p) for row, s, p in zip(rows, states, params)
+            if s.counts is not None and s.folded for ids in [np.flatnonzero(s.counts)]]
     with torch.inference_mode():
-        if state.seen is not None:
-            seen = torch.from_numpy(np.flatnonzero(state.seen)).to(logits.device)
-            values = logits[seen]
-            logits[seen] = torch.where(values < 0, values * p.repetition_penalty, values / p.repetition_penalty)
-        if state.counts is not None and state.folded:
-            ids = np.flatnonzero(state.counts)
-            counts = torch.from_numpy(state.counts[ids]).to(logits.device, logits.dtype)
-            logits[torch.from_numpy(ids).to(logits.device)] -= p.presence_penalty + p.frequency_penalty * counts
+        if rep:
+            at = _cells(rep, logits.device)
+            penalty = _per_cell([(ids, factor) for _, ids, factor in rep], logits)
+            values = logits[at]
+            logits[at] = torch.where(values < 0, values * penalty, values / penalty)
+        if freq:
+            at = _cells([(row, ids, None) for row, ids, _, _ in freq], logits.device)
+            counts = torch.from_numpy(np.concatenate([c for _, _, c, _ in freq])).to(logits.device, logits.dtype)
+            presence = _per_cell([(ids, p.presence_penalty) for _, ids, _, p in freq], logits)
+            frequency = _per_cell([(ids, p.frequency_penalty) for _, ids, _, p in freq], logits)
+            logits[at] -= presence + frequency * counts
+
+
+def _cells(items, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row indices, column indices) of every (row, ids, _) item's cells, on `device`."""
+    rows = np.concatenate([np.full(len(ids), row, dtype=np.int64) for row, ids, _ in items])
+    cols = np.concatenate([ids for _, ids, _ in items]).astype(np.int64)
+    both = torch.from_numpy(np.stack([rows, cols])).to(device)
+    return both[0], both[1]
+
+
+def _per_cell(items, logits: torch.Tensor) -> torch.Tensor:
+    """Each (ids, value) item's value once per id, in logits' dtype and device (a request's penalty, cell by
+    cell: the same fp32 products as with the penalty as a scalar)."""
+    values = np.concatenate([np.full(len(ids), value, dtype=np.float64) for ids, value in items])
+    return torch.from_numpy(values).to(logits.device, logits.dtype)
 
 
 def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:

@@ -29,13 +29,16 @@ def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) 
     word (transformers' NoBadWordsLogitsProcessor, over prompt and output)."""
     rows: list[int] = []
     ids: list[int] = []
+    penalized: list[int] = []
+    states: list[PenaltyState] = []
     for row, request in enumerate(sampled):
         p = request.params
         if p.penalized:
             if request.penalties is None:
                 request.penalties = PenaltyState(logits.shape[-1], request.prompt_ids, p)
             request.penalties.update(request.output_ids)
-            apply_penalties(logits[row], request.penalties, p)
+            penalized.append(row)
+            states.append(request.penalties)
         if len(request.output_ids) < p.min_tokens:
             ends = (p.end_id,) if p.end_id is not None else eos_ids
             ends = () if p.end_id == -1 else ends
@@ -45,6 +48,8 @@ def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) 
             banned = banned_tokens(request, p.bad_token_seqs)
             rows += [row] * len(banned)
             ids += banned
+    if penalized:  # before the masks, as transformers' processors run
+        apply_penalties(logits, penalized, states, [sampled[row].params for row in penalized])
     if rows:
         mask_logits(logits, rows, ids)
 

@@ -204,17 +204,22 @@ def test_penalty_state_folds_tokens_in_as_they_come_and_penalizes_as_a_recount_w
     rng = torch.Generator().manual_seed(8)
     prompt = torch.randint(0, 50, (30,), generator=rng).tolist()
     p = SamplingParams(8, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.25)
-    state, output = PenaltyState(60, prompt, p), []
+    other = SamplingParams(8, repetition_penalty=0.7)  # a second request in the same step
+    state, output, other_state = PenaltyState(60, prompt, p), [], PenaltyState(60, [3, 3, 9], other)
     for step in range(12):
-        logits = torch.randn(60, generator=rng) * 3
-        want = logits.clone()
+        logits = torch.randn(3, 60, generator=rng) * 3
+        want = logits[1].clone()
+        want_other = logits[2].clone()
+        want_other[[3, 9]] = torch.where(want_other[[3, 9]] < 0, want_other[[3, 9]] * 0.7, want_other[[3, 9]] / 0.7)
         seen = sorted(set(prompt) | set(output))
         want[seen] = torch.where(want[seen] < 0, want[seen] * 1.3, want[seen] / 1.3)
         for token in sorted(set(output)):
             want[token] -= torch.tensor(0.4) + torch.tensor(0.25) * float(output.count(token))
         state.update(output)
-        apply_penalties(logits, state, p)
-        assert torch.equal(logits, want), step
+        untouched = logits[0].clone()
+        apply_penalties(logits, [1, 2], [state, other_state], [p, other])
+        assert torch.equal(logits[1], want) and torch.equal(logits[2], want_other), step
+        assert torch.equal(logits[0], untouched)
         output += torch.randint(0, 60, (step % 3,), generator=rng).tolist()  # 0, 1 or 2 tokens a step
 
 
