@@ -122,6 +122,19 @@ def apply_penalties(logits: torch.Tensor, rows: list[int], states: list[PenaltyS
     RepetitionPenaltyLogitsProcessor, TensorRT-LLM's): every token of the prompt and output, negative logits
     times the penalty, positive ones divided by it. Presence and frequency (vLLM's, OpenAI's): each token
     generated so far, minus presence once and frequency per time."""
+    if _numpy_view_ok(logits):  # the CPU's rows in place through numpy's view, row by row
+        view = logits.numpy()
+        for row, s, p in zip(rows, states, params):
+            x = view[row]
+            if s.seen is not None:
+                ids, factor = np.flatnonzero(s.seen), np.float32(p.repetition_penalty)
+                values = x[ids]
+                x[ids] = np.where(values < 0, values * factor, values / factor)
+            if s.counts is not None and s.folded:  # fp32 products and sums, as torch's
+                ids = np.flatnonzero(s.counts)
+                x[ids] -= np.float32(p.presence_penalty) + np.float32(p.frequency_penalty) * s.counts[ids].astype(
+                    np.float32)
+        return
     rep = [(row, np.flatnonzero(s.seen), p.repetition_penalty)
            for row, s, p in zip(rows, states, params) if s.seen is not None]
     freq = [(row, ids, s.counts[ids], p) for row, s, p in zip(rows, states, params)
