@@ -196,9 +196,11 @@ def test_sampler_takes_the_native_path_on_cpu_and_the_torch_one_elsewhere_alike(
     assert native == reference
 
 
-def test_penalty_state_folds_tokens_in_as_they_come_and_penalizes_as_a_recount_would():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["numpy", "torch"])
+def test_penalty_state_folds_tokens_in_as_they_come_and_penalizes_as_a_recount_would(dtype):
     """Step by step, the state updated a token at a time gives the rows a recount of prompt and output gives
-    (repetition over their union, presence and frequency over the output's counts), bitwise."""
+    (repetition over their union, presence and frequency over the output's counts), bitwise: fp32 CPU rows through
+    numpy, others (float64 here, as a GPU's) through torch all at once."""
     from inflight_backend.sampler import PenaltyState, apply_penalties
 
     rng = torch.Generator().manual_seed(8)
@@ -207,14 +209,14 @@ def test_penalty_state_folds_tokens_in_as_they_come_and_penalizes_as_a_recount_w
     other = SamplingParams(8, repetition_penalty=0.7)  # a second request in the same step
     state, output, other_state = PenaltyState(60, prompt, p), [], PenaltyState(60, [3, 3, 9], other)
     for step in range(12):
-        logits = torch.randn(3, 60, generator=rng) * 3
+        logits = (torch.randn(3, 60, generator=rng) * 3).to(dtype)
         want = logits[1].clone()
         want_other = logits[2].clone()
         want_other[[3, 9]] = torch.where(want_other[[3, 9]] < 0, want_other[[3, 9]] * 0.7, want_other[[3, 9]] / 0.7)
         seen = sorted(set(prompt) | set(output))
         want[seen] = torch.where(want[seen] < 0, want[seen] * 1.3, want[seen] / 1.3)
         for token in sorted(set(output)):
-            want[token] -= torch.tensor(0.4) + torch.tensor(0.25) * float(output.count(token))
+            want[token] -= torch.tensor(0.4, dtype=dtype) + torch.tensor(0.25, dtype=dtype) * float(output.count(token))
         state.update(output)
         untouched = logits[0].clone()
         apply_penalties(logits, [1, 2], [state, other_state], [p, other])
