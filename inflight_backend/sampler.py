@@ -205,8 +205,10 @@ def draw(probs: torch.Tensor, uniform: torch.Tensor) -> list[int]:
     total = cdf[:, -1]
     valid = torch.isfinite(total) & (total > 0) & ~(probs < 0).any(dim=-1)
     index = torch.searchsorted(cdf, (uniform * total).unsqueeze(-1), right=True).squeeze(-1)
-    index = torch.where(valid, index.clamp(max=probs.shape[-1] - 1), -1)
-    return index.tolist()
+    n = probs.shape[-1]
+    last = n - 1 - torch.argmax(torch.flip(probs > 0, dims=[-1]).to(torch.uint8), dim=-1)  # the last positive
+    index = torch.where(index < n, index, last)  # u * total rounded up to the total: the last positive weight
+    return torch.where(valid, index, -1).tolist()
 
 
 NO_MASS = "no probability mass to sample from (non-finite or negative weights)"

@@ -122,8 +122,8 @@ def test_draw_never_takes_a_zero_weight_and_follows_the_weights():
     counts = torch.bincount(torch.tensor(draw(weights, uniform)), minlength=5)
     assert counts[[0, 2, 4]].sum() == 0
     assert 0.22 < counts[1] / 4000 < 0.28  # 1/4, the binomial spread ~0.007
-    edges = draw(weights[:3], torch.tensor([0.0, 0.25, 1 - 2 ** -52], dtype=torch.float64))
-    assert edges == [1, 3, 3]  # a draw at a boundary takes the next positive weight; never past the last
+    edges = draw(weights[:4], torch.tensor([0.0, 0.25, 1 - 2 ** -52, 1.0], dtype=torch.float64))
+    assert edges == [1, 3, 3, 3]  # a draw at a boundary takes the next positive weight; at the total, the last
     bad = torch.tensor([[0.0, 0.0], [0.5, float("nan")], [1.0, -0.5], [0.2, 0.8]], dtype=torch.float64)
     assert draw(bad, torch.full((4,), 0.5, dtype=torch.float64)) == [-1, -1, -1, 1]
 
