@@ -1,5 +1,5 @@
-"""The fused CPU ops of plugins/cpu_ops (RMSNorm, rotary, SiLU-and-multiply, row argmax, the sampler's draw),
-through their C ABI.
+"""The fused CPU ops of plugins/cpu_ops (RMSNorm, rotary, SiLU-and-multiply, row argmax, the sampler's draw and
+log-probabilities), through their C ABI.
 
 Each replaces several small torch ops, and their per-op dispatch, with one pass over memory: at decode-step
 sizes those ops cost about as much as their arithmetic. fp32, CPU, contiguous rows; callers keep the torch
@@ -135,9 +135,8 @@ def logprobs_rows(lib: ctypes.CDLL, x: torch.Tensor, rows: list[int], tokens: li
     top_ids, top_values = np.empty((count, most), dtype=np.int64), np.empty((count, most), dtype=np.float32)
     where, ids, ks = (np.asarray(a, dtype=np.int64) for a in (rows, tokens, top))
     _check(lib.ops_logprobs_rows_f32(x.data_ptr(), x.shape[1], x.stride(0), where.ctypes.data, count,
-                                     ids.ctypes.data, ks.ctypes.data,
-                                     most, logprob.ctypes.data, top_ids.ctypes.data, top_values.ctypes.data,
-                                     ok.ctypes.data), "logprobs_rows")
+                                     ids.ctypes.data, ks.ctypes.data, most, logprob.ctypes.data,
+                                     top_ids.ctypes.data, top_values.ctypes.data, ok.ctypes.data), "logprobs_rows")
     return [(float(logprob[j]), tuple(zip(top_ids[j, :top[j]].tolist(), top_values[j, :top[j]].tolist())))
             if ok[j] else None for j in range(count)]
 
