@@ -130,9 +130,10 @@ class VLLMTarget(_HTTPServerTarget):
 
     def __init__(self, checkpoint: str, workdir: Path, port: int, max_batch_size: int, max_num_tokens: int,
                  max_model_len: int = 2048, kv_cache_bytes: int = 2 * 2**30, chunk_budget: int = 0,
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = True, sampling: tuple[float, float] = (0.0, 1.0)) -> None:
         """`chunk_budget`: tokens per step with chunked prefill (`--max-num-batched-tokens`, which may then be below
         the model's context); 0: `max_num_tokens`, at least the context. `prefix_caching`: vLLM's default, on."""
+        self.temperature, self.top_p = sampling  # the timed requests'; the greedy check stays greedy
         python = PEERS / "vllm" / "bin" / "python"
         if not python.exists():
             raise SystemExit("vLLM is not installed: run `make bench-peers`")
@@ -152,8 +153,8 @@ class VLLMTarget(_HTTPServerTarget):
 
     def stream_body(self, prompt_ids, n):
         return "/v1/completions", {"model": self.model, "prompt": prompt_ids, "max_tokens": n, "min_tokens": n,
-                                   "ignore_eos": True, "temperature": 0.0, "stream": True,
-                                   "return_token_ids": True}
+                                   "ignore_eos": True, "temperature": self.temperature, "top_p": self.top_p,
+                                   "stream": True, "return_token_ids": True}
 
     def tokens_in(self, event):
         choices = event.get("choices") or []
@@ -178,7 +179,9 @@ class LlamaCppTarget(_HTTPServerTarget):
 
     name = "llamacpp"
 
-    def __init__(self, checkpoint: str, workdir: Path, port: int, max_batch_size: int, context: int = 65536) -> None:
+    def __init__(self, checkpoint: str, workdir: Path, port: int, max_batch_size: int, context: int = 65536,
+                 sampling: tuple[float, float] = (0.0, 1.0)) -> None:
+        self.temperature, self.top_p = sampling  # the timed requests'; the greedy check stays greedy
         binary = PEERS / "llama.cpp" / "bin" / "llama-server"
         gguf = PEERS / "gguf" / f"{Path(checkpoint).name}.f32.gguf"
         if not binary.exists() or not gguf.exists():
@@ -190,7 +193,9 @@ class LlamaCppTarget(_HTTPServerTarget):
         super().__init__(command, port, workdir / "llamacpp.log")
 
     def stream_body(self, prompt_ids, n):
-        return "/completion", {"prompt": prompt_ids, "n_predict": n, "ignore_eos": True, "temperature": 0.0,
+        # Only temperature and top-p: llama.cpp's other default samplers (top-k 40, min-p 0.05) off, as elsewhere
+        return "/completion", {"prompt": prompt_ids, "n_predict": n, "ignore_eos": True,
+                               "temperature": self.temperature, "top_p": self.top_p, "top_k": 0, "min_p": 0.0,
                                "stream": True, "cache_prompt": False, "return_tokens": True}
 
     def tokens_in(self, event):

@@ -18,7 +18,9 @@ prefix caching off, which poisson runs need: each rate sends the same prompts ag
 Modes: `saturation` (everything arrives at once), `poisson --rates R ...` (open loop, requests/s),
 `concurrency --concurrency N ...` (closed loop). TTFT counts from each request's scheduled arrival.
 Before timing, every target but `hf:` (which is transformers) answers 4 prompts greedily and must give
-transformers' tokens. Writes every run's metrics as JSON (`--out`) and prints a markdown table.
+transformers' tokens. `--temperature T [--top-p P]`: the timed requests of the engine, triton and peer targets
+sample (llama.cpp's other samplers, top-k and min-p, off), each request unseeded. Writes every run's metrics as
+JSON (`--out`) and prints a markdown table.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from benchmarks.workload import WorkItem, load  # noqa: E402
 
 def make_target(spec: str, args, workdir: Path):
     system, _, policy = spec.partition(":")
+    sampling = (args.temperature, args.top_p)
     if system in ("vllm", "llamacpp"):  # the peers (make bench-peers); float32 only
         from benchmarks import peer_targets as P
         from inflight_backend.server import free_port
@@ -49,9 +52,11 @@ def make_target(spec: str, args, workdir: Path):
             raise SystemExit(f"{spec}: a peer takes no suffix but vLLM's +chunkedN and +noreuse")
         if system == "vllm":
             return P.VLLMTarget(args.checkpoint, workdir, free_port(), args.max_batch_size, args.max_num_tokens,
-                                chunk_budget=budget, prefix_caching="noreuse" not in flags)
-        return P.LlamaCppTarget(args.checkpoint, workdir, free_port(), args.max_batch_size)
+                                chunk_budget=budget, prefix_caching="noreuse" not in flags, sampling=sampling)
+        return P.LlamaCppTarget(args.checkpoint, workdir, free_port(), args.max_batch_size, sampling=sampling)
     if system == "hf":
+        if sampling != (0.0, 1.0):
+            raise SystemExit(f"{spec}: --temperature / --top-p apply to the engine, triton and peer targets only")
         cls = {"static": T.HFStaticTarget, "batch": T.HFContinuousTarget}[policy]
         return cls(args.checkpoint, args.max_batch_size, args.dtype)
     name, *flags = policy.split("+")
@@ -72,11 +77,12 @@ def make_target(spec: str, args, workdir: Path):
                   enable_kv_cache_reuse=reuse,
                   cache_aware_admission_ms=1000.0 if "cacheaware" in flags else 0.0, step_time_target_ms=step_ms)
     if system == "engine":
-        return T.EngineTarget(args.checkpoint, **params)
+        return T.EngineTarget(args.checkpoint, sampling=sampling, **params)
     if system == "triton":
         params["enable_chunked_prefill"] = str(bool(chunked)).lower()
         params["enable_kv_cache_reuse"] = str(reuse).lower()
-        return T.TritonTarget(args.checkpoint, workdir / spec.replace(":", "-").replace("+", "-"), **params)
+        return T.TritonTarget(args.checkpoint, workdir / spec.replace(":", "-").replace("+", "-"), sampling=sampling,
+                              **params)
     raise SystemExit(f"unknown target {spec!r}")
 
 
@@ -126,6 +132,9 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--linear-backend", default="auto", choices=["auto", "native", "torch"],
                         help="our engine's CPU linear layers (engine and triton targets)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="the timed requests sample at this temperature (0: greedy); the greedy checks stay greedy")
+    parser.add_argument("--top-p", type=float, default=1.0, help="and this top-p")
     parser.add_argument("--warmup", type=int, default=4, help="requests run (and discarded) before measuring")
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds: every target runs once per round, in turn, so slow phases of a noisy machine "

@@ -71,8 +71,10 @@ def new_records(items: list[WorkItem], arrivals: list[float]) -> list[RequestRec
 
 
 class EngineTarget:
-    def __init__(self, checkpoint: str, **params) -> None:
+    def __init__(self, checkpoint: str, sampling: tuple[float, float] = (0.0, 1.0), **params) -> None:
+        """`sampling`: the timed requests' (temperature, top_p); (0, 1): greedy."""
         self.engine = InflightEngine(EngineConfig(checkpoint=checkpoint, **params))
+        self.sampling = sampling
         gc_tuning.for_serving()  # as the Triton model does: both sides of goal 5 run with the same collector
         self.timeline: list[tuple] = []
 
@@ -95,7 +97,7 @@ class EngineTarget:
         loop = BatchLoop(self.engine, emit)
         cpu_before = time.process_time()
         try:
-            sub.run(lambda i: loop.submit(str(i), items[i].prompt_ids, _forced(items[i].output_len)))
+            sub.run(lambda i: loop.submit(str(i), items[i].prompt_ids, _forced(items[i].output_len, self.sampling)))
         finally:
             loop.stop()
         cpu = {"process": time.process_time() - cpu_before}
@@ -111,8 +113,8 @@ class EngineTarget:
         return ids
 
 
-def _forced(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, min_tokens=n)
+def _forced(n: int, sampling: tuple[float, float] = (0.0, 1.0)) -> SamplingParams:
+    return SamplingParams(max_tokens=n, min_tokens=n, temperature=sampling[0], top_p=sampling[1])
 
 
 def _engine_extra(engine, before) -> dict:
@@ -132,10 +134,13 @@ def _engine_extra(engine, before) -> dict:
 class TritonTarget:
     """Starts its own tritonserver serving the checkpoint with `params`; stop() shuts it down."""
 
-    def __init__(self, checkpoint: str, workdir: str | Path, **params) -> None:
+    def __init__(self, checkpoint: str, workdir: str | Path, sampling: tuple[float, float] = (0.0, 1.0),
+                 **params) -> None:
+        """`sampling`: the timed requests' (temperature, top_p); (0, 1): greedy."""
         from inflight_backend.repository import model_config, write_repository
         from inflight_backend.server import TritonServer, free_port
 
+        self.sampling = sampling
         repo = write_repository(Path(workdir) / "repo", {"bench": model_config(checkpoint, "bench", **params)})
         self.server = TritonServer(repo, free_port(), free_port(), free_port(),
                                    log_file=Path(workdir) / "tritonserver.log").start()
@@ -170,7 +175,8 @@ class TritonTarget:
         client.start_stream(callback=callback)
 
         def submit(i):
-            client.async_stream_infer("bench", _stream_inputs(items[i].prompt_ids, items[i].output_len, forced=True),
+            client.async_stream_infer("bench", _stream_inputs(items[i].prompt_ids, items[i].output_len, forced=True,
+                                                              sampling=self.sampling),
                                       request_id=str(i), outputs=wanted, enable_empty_final_response=True)
 
         try:
@@ -246,13 +252,17 @@ def server_cpu(server) -> dict[str, float]:
     return {"tritonserver": proc_stat.stat(pid)[1], "stub": sum(cpu for _, cpu in stubs)}
 
 
-def _stream_inputs(prompt_ids: list[int], n: int, forced: bool) -> list:
-    """A streamed request's gRPC inputs: the prompt's ids and at most `n` new tokens (exactly `n` when `forced`)."""
+def _stream_inputs(prompt_ids: list[int], n: int, forced: bool, sampling: tuple[float, float] = (0.0, 1.0)) -> list:
+    """A streamed request's gRPC inputs: the prompt's ids and at most `n` new tokens (exactly `n` when `forced`),
+    sampled at `sampling`'s (temperature, top_p) unless that is greedy (0, 1)."""
     import numpy as np
 
     limit = np.array([n], dtype=np.int32)
     inputs = [grpc_input("input_ids", np.array(prompt_ids, dtype=np.int32), "INT32"),
               grpc_input("max_tokens", limit, "INT32"), grpc_input("stream", np.array([True]), "BOOL")]
+    if sampling != (0.0, 1.0):
+        inputs += [grpc_input(name, np.array([value], dtype=np.float32), "FP32")
+                   for name, value in zip(("temperature", "top_p"), sampling)]
     return inputs + [grpc_input("min_tokens", limit, "INT32")] if forced else inputs
 
 

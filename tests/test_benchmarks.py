@@ -131,7 +131,7 @@ def test_target_suffixes_set_reuse_and_cache_aware_admission(monkeypatch):
     monkeypatch.setattr(sb.T, "EngineTarget", lambda checkpoint, **params: made.update(params) or params)
     args = argparse.Namespace(checkpoint="x", chunked_max_num_tokens=256, max_num_tokens=2048, max_batch_size=8,
                               block_size=16, num_kv_blocks=0, max_queue_delay_ms=0, dtype="float32",
-                              linear_backend="auto")
+                              linear_backend="auto", temperature=0.0, top_p=1.0)
     make_target("engine:fused+chunked+noreuse", args, None)
     assert not made["enable_kv_cache_reuse"] and made["enable_chunked_prefill"]
     make_target("engine:fused+cacheaware", args, None)
@@ -142,6 +142,12 @@ def test_target_suffixes_set_reuse_and_cache_aware_admission(monkeypatch):
     for bad in ("engine:fused+nonsense", "engine:fused+chunked+step", "engine:fused+chunked+stepfast"):
         with pytest.raises(SystemExit):
             make_target(bad, args, None)
+    assert made["sampling"] == (0.0, 1.0)  # greedy unless --temperature
+    args.temperature, args.top_p = 0.8, 0.9
+    make_target("engine:fused", args, None)
+    assert made["sampling"] == (0.8, 0.9)
+    with pytest.raises(SystemExit, match="--temperature"):  # transformers' targets compare greedy runs only
+        make_target("hf:static", args, None)
 
 
 def test_the_in_process_target_counts_every_token_of_a_coalesced_output(monkeypatch, tiny_model):
