@@ -3,6 +3,7 @@ on processors with AMX, the AMX GEMM (bf16x6 pieces, fp32 accuracy) that prefill
 
     .venv/bin/python benchmarks/skinny_gemm.py [--checkpoint build/models/bench-medium] [--rows 1 4 8 16 32 64 2048]
                                                [--repeat 5] [--baseline-lib OLD.so] [--chunk-rows 128 1024]
+                                               [--stream-ahead 0 1024]
 
 Shapes are the checkpoint's linear layers (q, k/v, o, gate/up, down, LM head). Every figure is the best of
 --repeat timings of a loop over the same call, so weights may sit in cache; the end-to-end effect is in
@@ -13,7 +14,8 @@ row threshold on, where both builds have it; else the packed GEMM); its columns 
 `--chunk-rows A B ...`: this build's GEMM walking its panels in chunks of A, B, ... k rows (`skinny_gemm.chunk_rows`;
 the first is the baseline of the ratios), with each layer's weights read from memory as in a model's step: a ring of
 copies of the layer, more than `--ring-mb` in all, each call taking the next copy, the chunk sizes alternating ring
-pass by ring pass.
+pass by ring pass. `--stream-ahead A B ...`: the same for how far ahead of its loads (bytes) a GEMM of at most 6 rows
+fetches the weights (`skinny_gemm.stream_ahead`; 0: the next chunk, as with more rows).
 """
 from __future__ import annotations
 
@@ -84,22 +86,29 @@ def compare_builds(lib, args) -> None:
                   f"{2 * rows * k * n / now / 1e6:.0f} | {now / before:.3f} |", flush=True)
 
 
-def ring_walk(lib, ring: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, chunk: int):
-    """A call of the GEMM on every packed weight of `ring` in turn, at panel chunks of `chunk` rows, into `y`."""
+def ring_walk(lib, ring: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, setting):
+    """A call of the GEMM on every packed weight of `ring` in turn, with `setting(lib)` applied first, into `y`."""
     def run():
-        skinny_gemm.chunk_rows(lib, chunk)
+        setting(lib)
         for packed in ring:
             skinny_gemm.gemm(lib, x, packed, y.shape[1], None, y)
     return run
 
 
-def compare_chunks(lib, args) -> None:
-    """This build's GEMM at each of `args.chunk_rows`, weights read from memory (a ring of copies per layer)."""
-    chosen, sizes = skinny_gemm.chunk_rows(lib), args.chunk_rows
+def compare_settings(lib, args) -> None:
+    """This build's GEMM at each of `args.chunk_rows` (panel chunk sizes) or `args.stream_ahead` (prefetch
+    distances of walks of few rows), weights read from memory (a ring of copies per layer)."""
+    chunk, ahead = skinny_gemm.chunk_rows(lib), skinny_gemm.stream_ahead(lib)
+    if args.chunk_rows:
+        labels = [f"{c} rows" for c in args.chunk_rows]
+        settings = [lambda lib, c=c: skinny_gemm.chunk_rows(lib, c) for c in args.chunk_rows]
+    else:
+        labels = [f"{b} bytes ahead" for b in args.stream_ahead]
+        settings = [lambda lib, b=b: skinny_gemm.stream_ahead(lib, b) for b in args.stream_ahead]
     print(f"{torch.get_num_threads()} threads; best of {args.repeat} ring passes; ms per call, weights from memory "
-          f"(rings of > {args.ring_mb} MB); chunk rows chosen here: {chosen}")
-    print("| layer (K x N) | rows | " + " | ".join(f"{c} rows (ms)" for c in sizes) + " | "
-          + " | ".join(f"{c} / {sizes[0]}" for c in sizes[1:]) + " |\n|---|---:|" + "---:|" * (2 * len(sizes) - 1))
+          f"(rings of > {args.ring_mb} MB); chosen here: chunks of {chunk} rows, few rows fetched {ahead} bytes ahead")
+    print("| layer (K x N) | rows | " + " | ".join(f"{c} (ms)" for c in labels) + " | "
+          + " | ".join(f"{c} / {labels[0]}" for c in labels[1:]) + " |\n|---|---:|" + "---:|" * (2 * len(labels) - 1))
     try:
         for name, (k, n) in layer_shapes(args.checkpoint).items():
             weight_t = torch.randn(k, n)
@@ -107,17 +116,18 @@ def compare_chunks(lib, args) -> None:
             ring = [skinny_gemm.pack(lib, weight_t) for _ in range(copies)]
             for rows in args.rows:
                 x, y = torch.randn(rows, k), torch.empty(rows, n)
-                for size in sizes:
-                    skinny_gemm.chunk_rows(lib, size)
+                for setting in settings:
+                    setting(lib)
                     torch.testing.assert_close(skinny_gemm.gemm(lib, x, ring[0], n, None), x @ weight_t, atol=1e-3,
                                                rtol=1e-4)
-                walks = [ring_walk(lib, ring, x, y, size) for size in sizes]
+                walks = [ring_walk(lib, ring, x, y, setting) for setting in settings]
                 ms = [t / copies for t in best_ms(*walks, repeat=args.repeat, calls=1)]
                 print(f"| {name} ({k} x {n}) | {rows} | " + " | ".join(f"{t:.3f}" for t in ms) + " | "
                       + " | ".join(f"{t / ms[0]:.3f}" for t in ms[1:]) + " |", flush=True)
             del ring
     finally:
-        skinny_gemm.chunk_rows(lib, chosen)
+        skinny_gemm.chunk_rows(lib, chunk)
+        skinny_gemm.stream_ahead(lib, ahead)
 
 
 def main(argv=None) -> None:
@@ -128,15 +138,19 @@ def main(argv=None) -> None:
     parser.add_argument("--baseline-lib", type=Path, metavar="SO", help="another build of the library, timed beside")
     parser.add_argument("--chunk-rows", type=int, nargs="+", metavar="K",
                         help="compare these panel chunk sizes of this build, weights read from memory")
-    parser.add_argument("--ring-mb", type=int, default=1024, help="with --chunk-rows: each layer's ring of copies")
+    parser.add_argument("--stream-ahead", type=int, nargs="+", metavar="BYTES",
+                        help="compare these prefetch distances of walks of up to 6 rows (0: the next chunk), "
+                             "weights read from memory")
+    parser.add_argument("--ring-mb", type=int, default=1024,
+                        help="with --chunk-rows or --stream-ahead: each layer's ring of copies")
     args = parser.parse_args(argv)
     lib = skinny_gemm.load_library()
     if lib is None:
         raise SystemExit("build/lib/libinflight_sgemm_cpu.so is missing or built without AVX-512: `make native`")
     if args.baseline_lib is not None:
         return compare_builds(lib, args)
-    if args.chunk_rows:
-        return compare_chunks(lib, args)
+    if args.chunk_rows or args.stream_ahead:
+        return compare_settings(lib, args)
     shapes = layer_shapes(args.checkpoint)
     amx = skinny_gemm.amx_available(lib)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; best of {args.repeat}; ms per call; "

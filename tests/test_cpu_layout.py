@@ -61,6 +61,25 @@ def test_packed_linear_for_every_panel_chunk_size(lib, chunk, rows, in_features)
     torch.testing.assert_close(out, linear(x), atol=1e-5, rtol=1e-5)
 
 
+# A walk of one row block (up to 6 rows) fetches its weights a few rows ahead of its loads instead of the next
+# chunk (skinny_gemm.stream_ahead): only the prefetches move, so both plans, and distances past a panel's end,
+# give the same bits, and nn.Linear's values.
+@pytest.mark.parametrize("rows", [1, 4, 6, 7])
+def test_packed_linear_for_every_prefetch_plan(lib, rows):
+    torch.manual_seed(rows)
+    linear = nn.Linear(300, 64 * 3 + 5)
+    layer, x = PackedLinear(linear, lib), torch.randn(rows, 300)
+    chosen = skinny_gemm.stream_ahead(lib)
+    assert chosen > 0
+    try:
+        outs = [(skinny_gemm.stream_ahead(lib, ahead), layer(x))[1] for ahead in (0, chosen, 1 << 20)]
+    finally:
+        skinny_gemm.stream_ahead(lib, chosen)
+    assert skinny_gemm.stream_ahead(lib) == chosen
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    torch.testing.assert_close(outs[0], linear(x), atol=1e-5, rtol=1e-5)
+
+
 # 14 column tiles shared out over 1, 2, 3 and 5 OpenMP threads (more threads than cores: some are preempted
 # and the others claim their tiles, plugins/common/include/claimed_ranges.h): every tile is computed.
 @pytest.mark.parametrize("threads", [1, 2, 3, 5])

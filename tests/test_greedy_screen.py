@@ -84,6 +84,21 @@ def test_refined_argmax_is_the_fp32_heads(lib, rows, hidden, vocab):
     assert rows <= screen.recomputed - before < rows * vocab // 10  # the argmax at least, a few others at most
 
 
+@pytest.mark.parametrize("rows", [1, 6, 7])
+def test_screen_is_the_same_for_every_prefetch_plan(lib, rows):
+    """One row block fetches the head a few rows ahead of its loads, more fetch the next tile
+    (skinny_gemm.stream_ahead): the screened logits are the same bits either way."""
+    torch.manual_seed(rows)
+    _, screen = head(lib, torch.randn(300, 64) * 0.05)
+    x = torch.randn(rows, 64)
+    chosen = skinny_gemm.stream_ahead(lib)
+    try:
+        outs = [(skinny_gemm.stream_ahead(lib, ahead), screen.screen(x))[1] for ahead in (0, chosen)]
+    finally:
+        skinny_gemm.stream_ahead(lib, chosen)
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_near_and_exact_ties_resolve_as_in_fp32(lib):
     torch.manual_seed(1)
     hidden, vocab = 128, 640

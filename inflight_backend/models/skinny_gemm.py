@@ -36,6 +36,9 @@ def load_library(path: Path | None = None) -> ctypes.CDLL | None:
     if hasattr(lib, "sg_chunk_rows"):  # builds before it (a benchmark's --baseline-lib) choose no chunk size
         lib.sg_chunk_rows.restype = _I64
         lib.sg_chunk_rows.argtypes = [_I64]
+    if hasattr(lib, "sg_stream_ahead"):
+        lib.sg_stream_ahead.restype = _I64
+        lib.sg_stream_ahead.argtypes = [_I64]
     if hasattr(lib, "sg_dot_columns"):  # (builds before the greedy screen have none)
         lib.sg_dot_columns.restype = ctypes.c_int
         lib.sg_dot_columns.argtypes = [_PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR]
@@ -86,6 +89,12 @@ def chunk_rows(lib: ctypes.CDLL, rows: int = 0) -> int:
     """The k rows of a panel each pass of the GEMM walks (chosen from the L1 cache's size when the library
     loads); `rows` > 0 sets it for the calls that follow (tests and benchmarks)."""
     return int(lib.sg_chunk_rows(rows))
+
+
+def stream_ahead(lib: ctypes.CDLL, num_bytes: int = -1) -> int:
+    """How far ahead of its loads (bytes) a GEMM of at most 6 rows fetches the weights, 0 meaning the next chunk as
+    with more rows; `num_bytes` >= 0 sets it for the calls that follow (tests and benchmarks)."""
+    return int(lib.sg_stream_ahead(num_bytes))
 
 
 def amx_available(lib: ctypes.CDLL) -> bool:

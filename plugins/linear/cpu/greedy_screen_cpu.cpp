@@ -81,15 +81,19 @@ double bound(int64_t K, const RowNorms& r, const double* w_norms) {
 #ifdef GS_BUILD
 
 // Rows [0, R) of y, tile at column n0: acc += x's bf16 pairs . panel's, over all pair rows; prefetching `lines`
-// cache lines from `next` at `per` lines a pair row from line `first` of this pass on.
+// cache lines from `next` at `per` lines a pair row from line `first` of this pass on, or, where `ahead` > 0, the
+// pair row `ahead` bytes past each one loaded (a single pass: as the skinny GEMM's, sg_stream_ahead).
 template <int R>
 GS_TARGET void row_block(const uint32_t* xp, int64_t P, const uint16_t* panel, int64_t N, int64_t n0, float* y,
-                         const char* next, int64_t first, int64_t lines, int per) {
+                         const char* next, int64_t first, int64_t lines, int per, int64_t ahead) {
   __m512 acc[R][4];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t p = 0; p < P; ++p, panel += 2 * kTile) {
-    if (first < lines) {
+    if (ahead > 0) {
+      const char* line = reinterpret_cast<const char*>(panel) + ahead;
+      for (int j = 0; j < 4; ++j) _mm_prefetch(line + 64 * j, _MM_HINT_T1);
+    } else if (first < lines) {
       for (int j = 0; j < per; ++j) _mm_prefetch(next + 64 * (first + j), _MM_HINT_T1);
       first += per;
     }
@@ -111,7 +115,7 @@ GS_TARGET void row_block(const uint32_t* xp, int64_t P, const uint16_t* panel, i
 }
 
 using RowBlockFn = void (*)(const uint32_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, const char*,
-                            int64_t, int64_t, int);
+                            int64_t, int64_t, int, int64_t);
 constexpr RowBlockFn kRowBlocks[kRows + 1] = {nullptr, row_block<1>, row_block<2>, row_block<3>,
                                               row_block<4>, row_block<5>, row_block<6>};
 
@@ -120,6 +124,7 @@ GS_TARGET void screen_rows(const uint32_t* xp, int64_t M, int64_t P, const uint1
   const inflight::RowSplit split(M, kRows);
   const int64_t blocks = split.blocks, lines = panel_values * 2 / 64;
   const int per = (int)((lines + blocks * P - 1) / (blocks * P));
+  const int64_t ahead = blocks == 1 ? sg_stream_ahead(-1) : 0;
   inflight::ClaimedRanges work(tiles, omp_get_max_threads());
 #pragma omp parallel
   for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;) {
@@ -127,7 +132,8 @@ GS_TARGET void screen_rows(const uint32_t* xp, int64_t M, int64_t P, const uint1
     const char* next = t + 1 < tiles ? reinterpret_cast<const char*>(panel + panel_values) : nullptr;
     for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
       const int rows = split.rows(b);
-      kRowBlocks[rows](xp + m0 * P, P, panel, N, t * kTile, y + m0 * N, next, b * P * per, next ? lines : 0, per);
+      kRowBlocks[rows](xp + m0 * P, P, panel, N, t * kTile, y + m0 * N, next, b * P * per, next ? lines : 0, per,
+                       ahead);
       m0 += rows;
     }
   }

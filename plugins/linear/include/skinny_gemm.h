@@ -41,6 +41,11 @@ int sg_dot_columns(const float* x, int64_t K, const float* packed, int64_t N, co
 // sets it for the calls that follow (tests and benchmarks compare choices in one process); 0 only asks.
 int64_t sg_chunk_rows(int64_t rows);
 
+// Bytes ahead of its loads that a walk with one block of x's rows (M <= 6) prefetches the weights; 0 makes it
+// fetch the next chunk as the walks of more rows do (skinny_gemm_cpu.cpp says why). `bytes` >= 0 sets it for the
+// calls that follow (tests and benchmarks); negative only asks.
+int64_t sg_stream_ahead(int64_t bytes);
+
 #ifdef __cplusplus
 }
 #endif
