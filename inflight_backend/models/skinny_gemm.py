@@ -1,7 +1,7 @@
 """The native GEMMs of plugins/linear, through their C ABI: the skinny GEMM (weights packed once into fp32
 column panels, y = x @ W (+ bias) for any number of rows, fastest against torch's GEMM at decode-step sizes)
 and, on processors with AMX, the bf16x6 GEMM for prefill-sized inputs (amx_gemm.h: fp32 accuracy from six bf16
-tile products per value)."""
+tile products per value); for bfloat16 models, on processors with AVX512-BF16, the bf16 GEMM (bf16_gemm.h)."""
 from __future__ import annotations
 
 import ctypes
@@ -39,6 +39,14 @@ def load_library(path: Path | None = None) -> ctypes.CDLL | None:
     if hasattr(lib, "sg_stream_ahead"):
         lib.sg_stream_ahead.restype = _I64
         lib.sg_stream_ahead.argtypes = [_I64]
+    if hasattr(lib, "sg_bf16_gemm"):
+        lib.sg_bf16_available.restype = ctypes.c_int
+        lib.sg_bf16_packed_size.restype = _I64
+        lib.sg_bf16_packed_size.argtypes = [_I64, _I64]
+        lib.sg_bf16_pack.restype = ctypes.c_int
+        lib.sg_bf16_pack.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR]
+        lib.sg_bf16_gemm.restype = ctypes.c_int
+        lib.sg_bf16_gemm.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR]
     if hasattr(lib, "sg_dot_columns"):  # (builds before the greedy screen have none)
         lib.sg_dot_columns.restype = ctypes.c_int
         lib.sg_dot_columns.argtypes = [_PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR]
@@ -125,4 +133,31 @@ def amx_gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int, bi
                                  None if bias is None else bias.data_ptr(), y.data_ptr())
     if status != SG_OK:
         raise RuntimeError(f"AMX GEMM failed with status {status}")
+    return y
+
+
+def bf16_available(lib: ctypes.CDLL | None) -> bool:
+    """Whether `lib` has the bf16 GEMM and this processor runs it (AVX512-BF16)."""
+    return lib is not None and hasattr(lib, "sg_bf16_gemm") and bool(lib.sg_bf16_available())
+
+
+def bf16_pack(lib: ctypes.CDLL, weight_t: torch.Tensor) -> torch.Tensor:
+    """weight_t: (K, N) bf16, any strides (an nn.Linear's weight.t() is read in place) -> the bf16 GEMM's panels
+    (1-D int16: bf16 bits)."""
+    k, n = weight_t.shape
+    packed = torch.empty(lib.sg_bf16_packed_size(k, n), dtype=torch.int16)
+    if lib.sg_bf16_pack(weight_t.data_ptr(), k, n, weight_t.stride(0), weight_t.stride(1), packed.data_ptr()) != SG_OK:
+        raise ValueError(f"cannot pack a weight of shape {tuple(weight_t.shape)}")
+    return packed
+
+
+def bf16_gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) bf16 with unit column stride -> x @ W + bias (bias: fp32), (M, n) bf16, into `out` if given."""
+    m, k = x.shape
+    y = torch.empty(m, n, dtype=torch.bfloat16) if out is None else out
+    status = lib.sg_bf16_gemm(x.data_ptr(), m, k, x.stride(0), packed.data_ptr(), n,
+                              None if bias is None else bias.data_ptr(), y.data_ptr())
+    if status != SG_OK:
+        raise RuntimeError(f"bf16 GEMM failed with status {status}")
     return y

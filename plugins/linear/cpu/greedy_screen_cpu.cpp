@@ -1,10 +1,5 @@
-// Greedy screen for the LM head (see include/greedy_screen.h for the bound and why it is exact).
-//
-// The bf16 panels mirror the skinny GEMM's: per tile of kTile = 64 columns, ceil(K/2) pair rows of 64 columns x 2
-// bf16 (256 bytes, like one fp32 k row), so that one 64-byte load is 16 columns' (w[2p][n], w[2p+1][n]) pairs, the
-// operand VDPBF16PS multiplies with a broadcast (x[2p], x[2p+1]) pair. Row blocks of up to 6 rows keep 6 x 4
-// accumulators in registers while a tile's panel, 128 KB at K = 1,024, stays in L2; the next tile's panel is
-// fetched into L2 meanwhile, its lines spread over every pass.
+// Greedy screen for the LM head (see include/greedy_screen.h for the bound and why it is exact). Its bf16 panels
+// and their AVX512-BF16 walk are bf16_panels.h's; without AVX512-BF16 the same panels are widened to fp32 here.
 #include "greedy_screen.h"
 
 #include <math.h>
@@ -14,32 +9,16 @@
 #include <atomic>
 #include <vector>
 
+#include "bf16_panels.h"
 #include "claimed_ranges.h"
 #include "row_split.h"
 #include "skinny_gemm.h"
 
-#if defined(__x86_64__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 11))
-#define GS_BUILD 1
-#include <immintrin.h>
-#define GS_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
-#define GS_AVX2 __attribute__((target("avx2,fma")))
-#endif
-
 namespace {
 
-constexpr int64_t kTile = 64;
-constexpr int kRows = 6;
-
-int64_t pairs(int64_t K) { return (K + 1) / 2; }
-
-// Round to nearest even, as bf16 bits (NaN stays NaN; denormals round like any other value).
-uint16_t to_bf16(float f) {
-  uint32_t b;
-  memcpy(&b, &f, 4);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x40);
-  b += 0x7fffu + ((b >> 16) & 1u);
-  return (uint16_t)(b >> 16);
-}
+using inflight::bf16::kTile;
+using inflight::bf16::pairs;
+using inflight::bf16::to_bf16;
 
 // gamma_K of the header's bound: a K-term fp32 sum, each step rounded to nearest or toward zero.
 double gamma(int64_t K) {
@@ -79,65 +58,6 @@ double bound(int64_t K, const RowNorms& r, const double* w_norms) {
 }
 
 #ifdef GS_BUILD
-
-// Rows [0, R) of y, tile at column n0: acc += x's bf16 pairs . panel's, over all pair rows; prefetching `lines`
-// cache lines from `next` at `per` lines a pair row from line `first` of this pass on, or, where `ahead` > 0, the
-// pair row `ahead` bytes past each one loaded (a single pass: as the skinny GEMM's, sg_stream_ahead).
-template <int R>
-GS_TARGET void row_block(const uint32_t* xp, int64_t P, const uint16_t* panel, int64_t N, int64_t n0, float* y,
-                         const char* next, int64_t first, int64_t lines, int per, int64_t ahead) {
-  __m512 acc[R][4];
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < P; ++p, panel += 2 * kTile) {
-    if (ahead > 0) {
-      const char* line = reinterpret_cast<const char*>(panel) + ahead;
-      for (int j = 0; j < 4; ++j) _mm_prefetch(line + 64 * j, _MM_HINT_T1);
-    } else if (first < lines) {
-      for (int j = 0; j < per; ++j) _mm_prefetch(next + 64 * (first + j), _MM_HINT_T1);
-      first += per;
-    }
-    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel), w1 = (__m512bh)_mm512_loadu_si512(panel + 32);
-    const __m512bh w2 = (__m512bh)_mm512_loadu_si512(panel + 64), w3 = (__m512bh)_mm512_loadu_si512(panel + 96);
-    for (int i = 0; i < R; ++i) {
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xp[i * P + p]);
-      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], w0, xv);
-      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], w1, xv);
-      acc[i][2] = _mm512_dpbf16_ps(acc[i][2], w2, xv);
-      acc[i][3] = _mm512_dpbf16_ps(acc[i][3], w3, xv);
-    }
-  }
-  for (int j = 0; j < 4; ++j) {
-    const int64_t left = N - n0 - 16 * j;
-    const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
-    for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, m, acc[i][j]);
-  }
-}
-
-using RowBlockFn = void (*)(const uint32_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, const char*,
-                            int64_t, int64_t, int, int64_t);
-constexpr RowBlockFn kRowBlocks[kRows + 1] = {nullptr, row_block<1>, row_block<2>, row_block<3>,
-                                              row_block<4>, row_block<5>, row_block<6>};
-
-GS_TARGET void screen_rows(const uint32_t* xp, int64_t M, int64_t P, const uint16_t* packed, int64_t N, float* y) {
-  const int64_t tiles = (N + kTile - 1) / kTile, panel_values = P * 2 * kTile;
-  const inflight::RowSplit split(M, kRows);
-  const int64_t blocks = split.blocks, lines = panel_values * 2 / 64;
-  const int per = (int)((lines + blocks * P - 1) / (blocks * P));
-  const int64_t ahead = blocks == 1 ? sg_stream_ahead(-1) : 0;
-  inflight::ClaimedRanges work(tiles, omp_get_max_threads());
-#pragma omp parallel
-  for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;) {
-    const uint16_t* panel = packed + t * panel_values;
-    const char* next = t + 1 < tiles ? reinterpret_cast<const char*>(panel + panel_values) : nullptr;
-    for (int64_t b = 0, m0 = 0; b < blocks; ++b) {
-      const int rows = split.rows(b);
-      kRowBlocks[rows](xp + m0 * P, P, panel, N, t * kTile, y + m0 * N, next, b * P * per, next ? lines : 0, per,
-                       ahead);
-      m0 += rows;
-    }
-  }
-}
 
 // Without AVX512-BF16: the same panels widened to fp32 in registers (a pair's low half shifted up is w[2p], its
 // high half masked is w[2p+1]) and multiplied with x's fp32 values by FMAs, 16 columns (a quarter tile) and up to
@@ -329,7 +249,7 @@ extern "C" int gs_screen(const float* x, int64_t M, int64_t K, int64_t ldx, cons
         const uint32_t lo = to_bf16(x[i * ldx + 2 * p]), hi = 2 * p + 1 < K ? to_bf16(x[i * ldx + 2 * p + 1]) : 0;
         xp[i * P + p] = lo | hi << 16;
       }
-    screen_rows(xp.data(), M, P, packed, N, y);
+    inflight::bf16::walk(xp.data(), P, M, P, packed, N, nullptr, y, sg_stream_ahead(-1));
   } else {
     screen_rows_avx2(x, M, K, ldx, packed, N, y);
   }
