@@ -4,7 +4,8 @@
 Both are driven like TritonTarget: the same workload items, the same arrival processes (benchmarks/targets.py's
 Submitter), streaming over HTTP with one thread per request, every token's arrival time recorded, prompts sent as
 token ids (so every server computes the same tokens), outputs forced to their length (min_tokens / ignore_eos),
-greedy. `targets.check_greedy` compares a server's greedy ids with transformers' before anything is timed.
+greedy, in the run's dtype. `targets.check_greedy` compares a server's greedy ids with transformers' before anything
+is timed.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from benchmarks.targets import Submitter, new_records
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / "build" / "peers"
+GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16"}  # serve_bench --dtype -> the converted GGUF's (install.sh)
 
 
 class _HTTPServerTarget:
@@ -124,13 +126,14 @@ class _HTTPServerTarget:
 
 
 class VLLMTarget(_HTTPServerTarget):
-    """vLLM's OpenAI server (CPU build), float32, its KV cache sized in bytes."""
+    """vLLM's OpenAI server (CPU build), in `dtype` (float32 or bfloat16), its KV cache sized in bytes."""
 
     name = "vllm"
 
     def __init__(self, checkpoint: str, workdir: Path, port: int, max_batch_size: int, max_num_tokens: int,
                  max_model_len: int = 2048, kv_cache_bytes: int = 2 * 2**30, chunk_budget: int = 0,
-                 prefix_caching: bool = True, sampling: tuple[float, float] = (0.0, 1.0)) -> None:
+                 prefix_caching: bool = True, sampling: tuple[float, float] = (0.0, 1.0),
+                 dtype: str = "float32") -> None:
         """`chunk_budget`: tokens per step with chunked prefill (`--max-num-batched-tokens`, which may then be below
         the model's context); 0: `max_num_tokens`, at least the context. `prefix_caching`: vLLM's default, on."""
         self.temperature, self.top_p = sampling  # the timed requests'; the greedy check stays greedy
@@ -140,7 +143,7 @@ class VLLMTarget(_HTTPServerTarget):
         self.model = checkpoint
         cache = PEERS / "cache"
         command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint,
-                   "--dtype", "float32", "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes",
+                   "--dtype", dtype, "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes",
                    str(kv_cache_bytes), "--max-num-seqs", str(max_batch_size), "--max-num-batched-tokens",
                    str(chunk_budget or max(max_num_tokens, max_model_len)), "--host", "127.0.0.1", "--port", str(port)]
         if chunk_budget:
@@ -175,15 +178,16 @@ class VLLMTarget(_HTTPServerTarget):
 
 
 class LlamaCppTarget(_HTTPServerTarget):
-    """llama.cpp's server on the converted float32 GGUF, continuous batching over `max_batch_size` slots."""
+    """llama.cpp's server on the checkpoint's GGUF in `dtype` (float32 or bfloat16), continuous batching over
+    `max_batch_size` slots."""
 
     name = "llamacpp"
 
     def __init__(self, checkpoint: str, workdir: Path, port: int, max_batch_size: int, context: int = 65536,
-                 sampling: tuple[float, float] = (0.0, 1.0)) -> None:
+                 sampling: tuple[float, float] = (0.0, 1.0), dtype: str = "float32") -> None:
         self.temperature, self.top_p = sampling  # the timed requests'; the greedy check stays greedy
         binary = PEERS / "llama.cpp" / "bin" / "llama-server"
-        gguf = PEERS / "gguf" / f"{Path(checkpoint).name}.f32.gguf"
+        gguf = PEERS / "gguf" / f"{Path(checkpoint).name}.{GGUF_TYPES[dtype]}.gguf"
         if not binary.exists() or not gguf.exists():
             raise SystemExit(f"llama.cpp or {gguf.name} is missing: run `make bench-peers`")
         threads = str(os.cpu_count())

@@ -364,21 +364,31 @@ class HFContinuousTarget:
         return records, {}
 
 
-def check_greedy(target, checkpoint: str, cases: list[tuple[list[int], int]]) -> tuple[int, int]:
-    """(cases whose greedy ids equal transformers' generate, cases), each at most its n tokens; a case stops at
-    the model's end token like generate does."""
+def check_greedy(target, checkpoint: str, cases: list[tuple[list[int], int]],
+                 dtype: str = "float32") -> list[tuple[int, int, float]]:
+    """For each case: the tokens from the start that the target's greedy ids share with transformers' generate in
+    `dtype`, the tokens transformers generated (at most the case's n; a case stops at the model's end token like
+    generate does), and the target's worst choice: over its tokens, transformers' logits teacher-forced on the
+    target's own ids, the largest gap between a position's best logit and the chosen one's, in units of bf16's
+    spacing at that best logit (2^-7 of its power of two; 0 where every choice is transformers' argmax)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval()
     eos = model.generation_config.eos_token_id
-    same = 0
+    agree = []
     for ids, n in cases:
         with torch.inference_mode():
             want = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                   max_new_tokens=n, do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
         if eos in want:
             want = want[:want.index(eos) + 1]
-        got = target.greedy_ids(ids, n)
-        same += got[:len(want)] == want
-    return same, len(cases)
+        got = target.greedy_ids(ids, n)[:len(want)]
+        common = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids + got])).logits[0, len(ids) - 1: len(ids) - 1 + len(got)].float()
+        best = logits.max(dim=-1).values
+        gaps = (best - logits[torch.arange(len(got)), torch.tensor(got, dtype=torch.long)])
+        spacing = torch.exp2(torch.floor(torch.log2(best.abs().clamp_min(1e-30))) - 7)
+        agree.append((common, len(want), float((gaps / spacing).max()) if got else 0.0))
+    return agree

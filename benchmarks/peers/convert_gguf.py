@@ -1,8 +1,9 @@
 """Convert a bench checkpoint (Hugging Face Llama, our byte-level tokenizer) to GGUF for llama.cpp's server.
 
-    .venv/bin/python benchmarks/peers/convert_gguf.py CHECKPOINT OUT.gguf
+    .venv/bin/python benchmarks/peers/convert_gguf.py CHECKPOINT OUT.gguf [f32|bf16]
 
-Runs the llama.cpp tree's own convert_hf_to_gguf.py (from benchmarks/peers/install.sh's download) in float32,
+Runs the llama.cpp tree's own convert_hf_to_gguf.py (from benchmarks/peers/install.sh's download), in float32 or
+bfloat16 (serve_bench --dtype),
 with two workarounds for our tokenizer, which no released model has (and without the sentencepiece package: a
 checkpoint without tokenizer.model goes straight to the tokenizer.json paths):
 - its pre-tokenizer's hash is unknown to the converter (it splits nothing): it is written as `gpt-2`, which
@@ -26,7 +27,7 @@ def tree() -> Path:
     return Path(found[-1])
 
 
-def main(checkpoint: str, out: str) -> None:
+def main(checkpoint: str, out: str, outtype: str = "f32") -> None:
     src = tree()
     sys.path[:0] = [str(src), str(src / "gguf-py")]
     import gguf
@@ -58,11 +59,11 @@ def main(checkpoint: str, out: str) -> None:
 
     gguf.SpecialVocab.add_to_gguf = with_a_merge
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    sys.argv = [str(src / "convert_hf_to_gguf.py"), checkpoint, "--outfile", out, "--outtype", "f32"]
+    sys.argv = [str(src / "convert_hf_to_gguf.py"), checkpoint, "--outfile", out, "--outtype", outtype]
     import convert_hf_to_gguf
 
     convert_hf_to_gguf.main()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

