@@ -89,7 +89,7 @@ def test_engine_logits_follow_transformers_bf16(lib, tiny_model):
     hf = LlamaForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).eval()
     engine = InflightEngine(EngineConfig(checkpoint=tiny_model, dtype="bfloat16", linear_backend="native",
                                          num_kv_blocks=256, max_batch_size=8))
-    assert "native bf16 GEMM" in engine.runner.describe()
+    assert "native bf16 GEMM" in engine.runner.describe() and "fused CPU ops" in engine.runner.describe()
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 250) for _ in range(rng.randrange(3, 40))] for _ in range(6)]
     for i, ids in enumerate(prompts):

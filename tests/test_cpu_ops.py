@@ -1,5 +1,6 @@
 """Fused CPU ops (plugins/cpu_ops) against the torch code they replace: RMSNorm, rotary, SiLU-and-multiply and
-greedy argmax, on odd sizes, strided rows and special values; and the model they are fused into."""
+greedy argmax, on odd sizes, strided rows and special values, in fp32 and (bitwise the torch module path's) in bf16;
+and the model they are fused into."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,7 +9,7 @@ from inflight_backend.attention import make_backend
 from inflight_backend.checkpoint import load_model
 from inflight_backend.models.device_kernels import place
 from inflight_backend.models import cpu_ops
-from inflight_backend.models.llama import RMSNorm, Rotary, apply_rotary
+from inflight_backend.models.llama import RMSNorm, Rotary, apply_rotary, silu_mul
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +130,36 @@ def test_argmax_ties_infinities_and_nan_follow_torch(lib):
     assert cpu_ops.argmax_rows(lib, x) == x.argmax(dim=-1).tolist() == [7, 0, 10, 299, 257]
     strided = torch.randn(4, 50)[:, 5:45]
     assert cpu_ops.argmax_rows(lib, strided) == strided.argmax(dim=-1).tolist()
+
+
+# bf16: each op rounds where torch's ops on bf16 tensors round (models/llama.py's modules), so the bits are theirs.
+@pytest.mark.parametrize("rows, n", [(1, 512), (7, 37), (33, 1000)])
+def test_bf16_norms_are_the_modules_bits(lib, rows, n):
+    torch.manual_seed(rows + n)
+    norm = RMSNorm(n, 1e-5).to(torch.bfloat16)
+    norm.weight.data = (torch.randn(n) * 0.5 + 1).to(torch.bfloat16)
+    native = cpu_ops.NativeRMSNorm(norm, lib)
+    x = (torch.randn(rows, n + 3) * 3).to(torch.bfloat16)[:, :n]  # strided rows
+    h = torch.randn(rows, n).to(torch.bfloat16)
+    assert torch.equal(native(x), norm(x))
+    want, want_residual = norm(h, x.contiguous())
+    got, got_residual = native(h, x.contiguous())
+    assert torch.equal(got, want) and torch.equal(got_residual, want_residual)
+
+
+@pytest.mark.parametrize("tokens, heads, head_dim", [(1, 8, 64), (9, 6, 128), (40, 3, 6)])
+def test_bf16_rotary_and_silu_mul_are_the_modules_bits(lib, tokens, heads, head_dim):
+    torch.manual_seed(tokens * heads)
+    rotary = Rotary(type("Config", (), {"head_dim": head_dim, "rope_theta": 10000.0, "rope_scaling": None})())
+    cos, sin = rotary.tables(torch.arange(tokens) * 37, torch.bfloat16)
+    qk = torch.randn(tokens, heads, head_dim).to(torch.bfloat16)
+    q, k = qk[:, :heads - 2], qk[:, heads - 2:]  # k's heads after q's in each row: one call
+    want_q, want_k = apply_rotary(q.clone(), k.clone(), cos, sin)
+    got_q, got_k = cpu_ops._rotary_pair(lib, q, k, cos, sin)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    gate_up = (torch.randn(tokens, 2 * heads * head_dim) * 4).to(torch.bfloat16)
+    gate, up = gate_up[:, :heads * head_dim], gate_up[:, heads * head_dim:]
+    assert torch.equal(cpu_ops.silu_mul(lib, gate, up), silu_mul(gate, up))
 
 
 def test_only_the_native_linear_layout_fuses_the_ops(tiny_model):

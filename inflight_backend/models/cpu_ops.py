@@ -2,8 +2,9 @@
 log-probabilities), through their C ABI.
 
 Each replaces several small torch ops, and their per-op dispatch, with one pass over memory: at decode-step
-sizes those ops cost about as much as their arithmetic. fp32, CPU, contiguous rows; callers keep the torch
-version for anything else.
+sizes those ops cost about as much as their arithmetic. CPU, contiguous rows; the model's ops (RMSNorm, rotary,
+SiLU-and-multiply) in fp32 or bf16 (rounded where torch's bf16 ops round), the sampler's in fp32; callers keep the
+torch version for anything else.
 """
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ def load_library() -> ctypes.CDLL | None:
         "ops_argmax_rows_f32": [_PTR, _I64, _I64, _I64, _PTR],
         "ops_sample_rows_f32": [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR],
         "ops_logprobs_rows_f32": [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR],
+        "ops_rms_norm_bf16": [_PTR, _I64, _I64, _I64, _PTR, _F32, _PTR],
+        "ops_add_rms_norm_bf16": [_PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _F32, _PTR],
+        "ops_rotary_bf16": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR],
+        "ops_silu_mul_bf16": [_PTR, _PTR, _I64, _I64, _I64, _PTR],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -53,15 +58,23 @@ def _check(status: int, name: str) -> None:
         raise RuntimeError(f"{name} failed with status {status}")
 
 
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def _op(lib: ctypes.CDLL, name: str, t: torch.Tensor):
+    """The library's `name` for t's dtype (ops_<name>_f32 or _bf16)."""
+    return getattr(lib, f"ops_{name}_{_SUFFIX[t.dtype]}")
+
+
 def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * x / sqrt(mean(x^2) + eps) over the last dimension; x (..., n) with rows at a fixed stride."""
     n = x.shape[-1]
     rows = x.reshape(-1, n)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    y = torch.empty(rows.shape, dtype=torch.float32)
-    _check(lib.ops_rms_norm_f32(rows.data_ptr(), rows.shape[0], n, rows.stride(0), weight.data_ptr(), eps,
-                                y.data_ptr()), "rms_norm")
+    y = torch.empty(rows.shape, dtype=x.dtype)
+    _check(_op(lib, "rms_norm", x)(rows.data_ptr(), rows.shape[0], n, rows.stride(0), weight.data_ptr(), eps,
+                                   y.data_ptr()), "rms_norm")
     return y.view(x.shape)
 
 
@@ -72,9 +85,9 @@ def add_rms_norm_(lib: ctypes.CDLL, residual: torch.Tensor, h: torch.Tensor, wei
     rows, n = residual.shape
     if h.shape != residual.shape or h.stride(-1) != 1 or residual.stride(-1) != 1:
         raise ValueError("add_rms_norm_: residual and h must be (rows, n) of one shape with unit column stride")
-    y = torch.empty(rows, n, dtype=torch.float32)
-    _check(lib.ops_add_rms_norm_f32(residual.data_ptr(), h.data_ptr(), rows, n, residual.stride(0), h.stride(0),
-                                    weight.data_ptr(), eps, y.data_ptr()), "add_rms_norm")
+    y = torch.empty(rows, n, dtype=residual.dtype)
+    _check(_op(lib, "add_rms_norm", residual)(residual.data_ptr(), h.data_ptr(), rows, n, residual.stride(0),
+                                              h.stride(0), weight.data_ptr(), eps, y.data_ptr()), "add_rms_norm")
     return y, residual
 
 
@@ -84,7 +97,7 @@ def rotary_(lib: ctypes.CDLL, v: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     tokens, heads, dim = v.shape
     if v.stride(2) != 1 or v.stride(1) != dim or not (cos.is_contiguous() and sin.is_contiguous()):
         raise ValueError("rotary_: each token's heads and the cos/sin tables must be contiguous")
-    _check(lib.ops_rotary_f32(v.data_ptr(), tokens, heads, dim, v.stride(0), cos.data_ptr(), sin.data_ptr()),
+    _check(_op(lib, "rotary", v)(v.data_ptr(), tokens, heads, dim, v.stride(0), cos.data_ptr(), sin.data_ptr()),
            "rotary")
     return v
 
@@ -98,9 +111,9 @@ def silu_mul(lib: ctypes.CDLL, gate: torch.Tensor, up: torch.Tensor) -> torch.Te
     g, u = gate.reshape(-1, n), up.reshape(-1, n)
     if g.stride(-1) != 1 or u.stride(-1) != 1 or g.stride(0) != u.stride(0):
         g, u = g.contiguous(), u.contiguous()
-    out = torch.empty(gate.shape, dtype=torch.float32)
-    _check(lib.ops_silu_mul_f32(g.data_ptr(), u.data_ptr(), g.shape[0], n, g.stride(0) if g.shape[0] > 1 else n,
-                                out.data_ptr()), "silu_mul")
+    out = torch.empty(gate.shape, dtype=gate.dtype)
+    _check(_op(lib, "silu_mul", gate)(g.data_ptr(), u.data_ptr(), g.shape[0], n,
+                                      g.stride(0) if g.shape[0] > 1 else n, out.data_ptr()), "silu_mul")
     return out
 
 
@@ -142,7 +155,7 @@ def logprobs_rows(lib: ctypes.CDLL, x: torch.Tensor, rows: list[int], tokens: li
 
 
 class NativeRMSNorm(nn.Module):
-    """RMSNorm through ops_rms_norm_f32 (same weight, same eps)."""
+    """RMSNorm through ops_rms_norm_f32 or _bf16, the model's dtype (same weight, same eps)."""
 
     def __init__(self, norm: RMSNorm, lib: ctypes.CDLL) -> None:
         super().__init__()
@@ -164,7 +177,7 @@ def _rotary_pair(lib, q, k, cos, sin):
 
 
 def convert_cpu_ops(model: nn.Module, lib: ctypes.CDLL) -> None:
-    """Fuse the model's RMSNorms, rotary embeddings and SiLU-and-multiply (in place). Only for an fp32 model on
-    the CPU whose linear layers return contiguous rows (PackedLinear): the kernels take those tensors as they
-    come, with no per-call checks."""
+    """Fuse the model's RMSNorms, rotary embeddings and SiLU-and-multiply (in place). Only for an fp32 or bf16
+    model on the CPU whose linear layers return contiguous rows (PackedLinear, PackedBf16Linear): the kernels
+    take those tensors as they come, with no per-call checks."""
     install_fused_ops(model, partial(_rotary_pair, lib), partial(silu_mul, lib), lambda norm: NativeRMSNorm(norm, lib))

@@ -9,7 +9,7 @@ import torch
 
 from . import cpu_ops, cuda_ops, decoder_stack, skinny_gemm
 from . import greedy_screen as greedy_screen_module
-from .cpu_layout import PackedLinear, convert_cpu_linears
+from .cpu_layout import PackedBf16Linear, PackedLinear, convert_cpu_linears
 from .llama import LlamaForCausalLM, merge_projections
 
 
@@ -32,7 +32,7 @@ def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto",
             widened = greedy_screen_module.path(sgemm) == greedy_screen_module.WIDENED
             model.linear_layout += ", greedy steps' LM head screened in bf16" + (" (AVX2, widened)" if widened else "")
         ops = cpu_ops.load_library()
-        if isinstance(model.lm_head, PackedLinear) and ops is not None:  # fp32, contiguous linear outputs
+        if isinstance(model.lm_head, (PackedLinear, PackedBf16Linear)) and ops is not None:  # contiguous outputs
             cpu_ops.convert_cpu_ops(model, ops)
             model.linear_layout += " + fused CPU ops"
             # (the stack points at the weights; moving a CPU model to the CPU leaves them where they are)

@@ -122,3 +122,111 @@ extern "C" int ops_argmax_rows_f32(const float* x, int64_t rows, int64_t n, int6
   for (int64_t r = 0; r < rows; ++r) out[r] = argmax_row(x + r * ldx, n);
   return OPS_OK;
 }
+
+// bf16: each op computes in fp32 and rounds where torch's module path (models/llama.py) rounds: the residual sum,
+// the normalised row before the weight, each product and sum of the rotary, silu before the product. Values are
+// bf16 bits; the same rounding as the bf16 GEMM's (nearest even, NaN kept).
+namespace {
+
+inline float widen(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline uint16_t narrow(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+inline float rounded(float f) { return widen(narrow(f)); }
+
+// y = weight * round(x / sqrt(mean(x^2) + eps)), x already in fp32 (transformers' RMSNorm in a bf16 model).
+inline void rms_norm_row_bf16(const float* __restrict x, int64_t n, const uint16_t* __restrict weight, float eps,
+                              uint16_t* __restrict y) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(sum / float(n) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = narrow(widen(weight[i]) * rounded(x[i] * inv));
+}
+
+constexpr int64_t kMaxRow = 1 << 14;  // widest row the bf16 norms take (a stack buffer of fp32 values)
+
+}  // namespace
+
+extern "C" int ops_rms_norm_bf16(const uint16_t* x, int64_t rows, int64_t n, int64_t ldx, const uint16_t* weight,
+                                 float eps, uint16_t* y) {
+  if (rows < 0 || n <= 0 || n > kMaxRow || ldx < n) return OPS_ERR_SHAPE;
+#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float row[kMaxRow];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) row[i] = widen(x[r * ldx + i]);
+    rms_norm_row_bf16(row, n, weight, eps, y + r * n);
+  }
+  return OPS_OK;
+}
+
+extern "C" int ops_add_rms_norm_bf16(uint16_t* residual, const uint16_t* h, int64_t rows, int64_t n, int64_t ldr,
+                                     int64_t ldh, const uint16_t* weight, float eps, uint16_t* y) {
+  if (rows < 0 || n <= 0 || n > kMaxRow || ldr < n || ldh < n) return OPS_ERR_SHAPE;
+#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* __restrict rr = residual + r * ldr;
+    const uint16_t* __restrict hr = h + r * ldh;
+    float row[kMaxRow];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      row[i] = rounded(widen(rr[i]) + widen(hr[i]));
+      rr[i] = narrow(row[i]);
+    }
+    rms_norm_row_bf16(row, n, weight, eps, y + r * n);
+  }
+  return OPS_OK;
+}
+
+extern "C" int ops_rotary_bf16(uint16_t* v, int64_t tokens, int64_t heads, int64_t head_dim, int64_t ldv,
+                               const uint16_t* cos, const uint16_t* sin) {
+  if (tokens < 0 || heads <= 0 || head_dim <= 0 || head_dim % 2 || ldv < heads * head_dim) return OPS_ERR_SHAPE;
+  const int64_t half = head_dim / 2;
+#pragma omp parallel for if (tokens * heads * head_dim >= kParallelWork) schedule(static)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const uint16_t* __restrict c = cos + t * head_dim;
+    const uint16_t* __restrict s = sin + t * head_dim;
+    for (int64_t h = 0; h < heads; ++h) {
+      uint16_t* __restrict a = v + t * ldv + h * head_dim;
+      uint16_t* __restrict b = a + half;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {  // x * cos + rotate_half(x) * sin, each product and sum rounded
+        const float lo = widen(a[i]), hi = widen(b[i]);
+        a[i] = narrow(rounded(lo * widen(c[i])) + rounded(-hi * widen(s[i])));
+        b[i] = narrow(rounded(hi * widen(c[half + i])) + rounded(lo * widen(s[half + i])));
+      }
+    }
+  }
+  return OPS_OK;
+}
+
+extern "C" int ops_silu_mul_bf16(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t n, int64_t ld,
+                                 uint16_t* out) {
+  if (rows < 0 || n < 0 || ld < n) return OPS_ERR_SHAPE;
+#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* __restrict g = gate + r * ld;
+    const uint16_t* __restrict u = up + r * ld;
+    uint16_t* __restrict o = out + r * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = widen(g[i]);
+      o[i] = narrow(rounded(x / (1.f + exp_clamped(-x))) * widen(u[i]));
+    }
+  }
+  return OPS_OK;
+}
+

@@ -54,6 +54,19 @@ int ops_logprobs_rows_f32(const float* x, int64_t n, int64_t ldx, const int64_t*
                           const int64_t* top, int64_t max_top, float* logprob, int64_t* top_ids, float* top_logprobs,
                           int32_t* ok);
 
+// The same four ops for a bfloat16 model (values are bf16 bits): computed in fp32, rounded to bf16 where torch's
+// ops on bf16 tensors round (models/llama.py): the residual sum; the normalised row, then its product with the
+// weight; each rotary product and their sum; silu(gate), then its product with up. Norms take rows of at most
+// 16,384 values.
+int ops_rms_norm_bf16(const uint16_t* x, int64_t rows, int64_t n, int64_t ldx, const uint16_t* weight, float eps,
+                      uint16_t* y);
+int ops_add_rms_norm_bf16(uint16_t* residual, const uint16_t* h, int64_t rows, int64_t n, int64_t ldr, int64_t ldh,
+                          const uint16_t* weight, float eps, uint16_t* y);
+int ops_rotary_bf16(uint16_t* v, int64_t tokens, int64_t heads, int64_t head_dim, int64_t ldv, const uint16_t* cos,
+                    const uint16_t* sin);
+int ops_silu_mul_bf16(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t n, int64_t ld,
+                      uint16_t* out);
+
 #ifdef __cplusplus
 }
 #endif
