@@ -1,6 +1,7 @@
 """The decoder layer stack in one native call (models/decoder_stack.py, plugins/decoder) against the module path it
 replaces: bitwise the same logits at every step (prefills, chunks and decodes sharing steps), on Llama, GQA,
-Qwen2's biases and tied embeddings, and sliding windows; chosen only where the modules run on its kernels."""
+Qwen2's biases and tied embeddings, and sliding windows, in fp32 and (on the bf16 GEMM) bf16; chosen only where the
+modules run on its kernels."""
 import ctypes
 
 import pytest
@@ -26,7 +27,8 @@ def engine_for(path, **overrides):
                   enable_chunked_prefill=True, max_chunk_tokens=40, dtype="float32")
     engine = InflightEngine(EngineConfig(**(values | overrides)))
     if engine.runner.model.decoder_stack is None:
-        pytest.skip("no native decoder stack: the skinny GEMM is not built for this processor (no PackedLinear)")
+        pytest.skip("no native decoder stack: the skinny GEMM is not built for this processor (no PackedLinear), or "
+                    "a bf16 model without AVX512-BF16")
     return engine
 
 
@@ -64,16 +66,23 @@ def assert_bitwise(pairs, min_steps=10):
         assert torch.equal(native, modules), f"step {step}: largest difference {(native - modules).abs().max()}"
 
 
-def test_logits_are_the_modules_bitwise_on_llama_with_gqa(gqa_model, oracle_cases, lib):
-    engine = engine_for(gqa_model)
+# bf16 runs on the bf16 GEMM where the processor has AVX512-BF16 (else the layout is torch's: no stack, skipped).
+DTYPES = ["float32", "bfloat16"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_logits_are_the_modules_bitwise_on_llama_with_gqa(gqa_model, oracle_cases, lib, dtype):
+    engine = engine_for(gqa_model, dtype=dtype)
     assert "layers in one native call" in engine.runner.describe()
     assert_bitwise(run_both_ways(engine, [(ids, min(n, 12)) for ids, n in oracle_cases[:10]])[0])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen2_window"])
-def test_logits_are_the_modules_bitwise_on_biases_tied_weights_and_windows(tmp_path, oracle_cases, lib, family):
+def test_logits_are_the_modules_bitwise_on_biases_tied_weights_and_windows(tmp_path, oracle_cases, lib, family,
+                                                                            dtype):
     make_family_checkpoint(str(tmp_path), family)
-    engine = engine_for(str(tmp_path), block_size=8)
+    engine = engine_for(str(tmp_path), block_size=8, dtype=dtype)
     assert_bitwise(run_both_ways(engine, [(ids, min(n, 12)) for ids, n in oracle_cases[:8]])[0])
 
 

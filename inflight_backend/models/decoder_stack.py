@@ -4,8 +4,9 @@ With the native linear layout and fused ops (cpu_layout.py, cpu_ops.py) a layer 
 between them (module calls, argument checks, views, output tensors). `DecoderStack` hands every layer's weights
 and caches to the library once and runs the whole stack in one call a step, with the same kernels on the same
 buffers in the same order, so its results are bitwise the module path's; the module path's decode steps took
-1.26-1.43x as long on the medium model (benchmarks/decode_roofline.py times both). Only for models the module
-path would run on exactly those kernels (`build` says which); anything else keeps the modules.
+1.26-1.43x as long on the medium model (benchmarks/decode_roofline.py times both). fp32 models, and bf16 ones on
+the bf16 GEMM (PackedBf16Linear). Only for models the module path would run on exactly those kernels (`build`
+says which); anything else keeps the modules.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from torch import nn
 from ..attention.base import AttentionMetadata
 from ..attention.native import NativePagedAttention
 from ..paths import LIB_DIR
-from .cpu_layout import PackedLinear
+from .cpu_layout import PackedBf16Linear, PackedLinear
 from .cpu_ops import NativeRMSNorm
 from .llama import DecoderLayer, LlamaForCausalLM
 
@@ -64,8 +65,10 @@ def load_library() -> ctypes.CDLL | None:
         return None
     lib = ctypes.CDLL(str(path))
     lib.dec_workspace_floats.restype, lib.dec_workspace_floats.argtypes = _I64, [ctypes.POINTER(DecStack), _I64]
-    lib.dec_forward_f32.restype = ctypes.c_int
-    lib.dec_forward_f32.argtypes = [ctypes.POINTER(DecStack), ctypes.POINTER(DecStep), _PTR, _PTR, _PTR, _I64]
+    for name in ("dec_forward_f32", "dec_forward_bf16"):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.POINTER(DecStack), ctypes.POINTER(DecStep), _PTR, _PTR, _PTR,
+                                                 _I64]
     return lib
 
 
@@ -74,6 +77,8 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def _packed(linear: nn.Module | None) -> tuple[int, int | None, int | None]:
+    if isinstance(linear, PackedBf16Linear):
+        return linear.packed.data_ptr(), _ptr(linear.bias), None
     assert isinstance(linear, PackedLinear)
     return linear.packed.data_ptr(), _ptr(linear.bias), _ptr(linear.amx_packed)
 
@@ -106,7 +111,9 @@ class DecoderStack:
                                eps=layers[0].input_layernorm.eps, scale=layers[0].self_attn.scale,
                                layers=self._layers)
         self._kv_caches: list | None = None  # the caches the layer structs point to
-        self._workspace = torch.empty(0, dtype=torch.float32)
+        self._dtype = layers[0].input_layernorm.weight.dtype  # fp32 or bf16 throughout (`build` checked)
+        self._forward = lib.dec_forward_bf16 if self._dtype == torch.bfloat16 else lib.dec_forward_f32
+        self._workspace = torch.empty(0, dtype=self._dtype)
 
     def __call__(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_caches: list,
                  meta: AttentionMetadata, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,7 +123,7 @@ class DecoderStack:
         tokens = h.shape[0]
         need = self._lib.dec_workspace_floats(self._stack, tokens)
         if self._workspace.numel() < need:  # kept between steps: a prefill's buffers are not faulted in again
-            self._workspace = torch.empty(need, dtype=torch.float32)
+            self._workspace = torch.empty(need, dtype=self._dtype)
         cos, sin = rope
         if rows is not None and (rows.dtype != torch.int64 or not rows.is_contiguous()):
             rows = rows.to(torch.int64).contiguous()
@@ -128,16 +135,16 @@ class DecoderStack:
                        slot_mapping=meta.slot_mapping.data_ptr(),
                        rows=None if rows is None else rows.data_ptr(), num_rows=0 if rows is None else len(rows))
         residual = torch.empty_like(h)
-        status = self._lib.dec_forward_f32(self._stack, step, h.data_ptr(), residual.data_ptr(),
-                                           self._workspace.data_ptr(), self._workspace.numel())
+        status = self._forward(self._stack, step, h.data_ptr(), residual.data_ptr(), self._workspace.data_ptr(),
+                               self._workspace.numel())
         if status != DEC_OK:
             raise RuntimeError(f"native decoder stack failed in its {DEC_ERRORS.get(status, status)} call")
         return (h, residual) if rows is None else (h[:len(rows)], residual[:len(rows)])
 
     def _bind(self, kv_caches: list) -> None:
         k0 = kv_caches[0][0]
-        if k0.dtype != torch.float32 or k0.device.type != "cpu" or not k0.is_contiguous():
-            raise ValueError("the native decoder stack needs contiguous fp32 CPU KV caches")
+        if k0.dtype != self._dtype or k0.device.type != "cpu" or not k0.is_contiguous():
+            raise ValueError(f"the native decoder stack needs contiguous {self._dtype} CPU KV caches")
         for slot, (k, v) in zip(self._layers, kv_caches, strict=True):
             if k.shape != k0.shape or v.shape != k0.shape or not (k.is_contiguous() and v.is_contiguous()):
                 raise ValueError("the native decoder stack needs every layer's caches of one contiguous shape")
@@ -149,19 +156,21 @@ class DecoderStack:
 
 def build(model: LlamaForCausalLM, lib: ctypes.CDLL | None = None) -> DecoderStack | None:
     """A DecoderStack for `model`, or None when the library is missing or the module path would not run on
-    exactly its kernels: every linear layer packed with q/k/v and gate/up merged, every norm fused with one eps,
-    native paged attention on the CPU, no per-head q/k norms (Qwen3)."""
+    exactly its kernels: every linear layer packed (all fp32 PackedLinear, or all PackedBf16Linear) with q/k/v and
+    gate/up merged, every norm fused with one eps, native paged attention on the CPU, no per-head q/k norms
+    (Qwen3)."""
     lib = lib or load_library()
     if lib is None:
         return None
     layers = _layers(model)
     eps = layers[0].input_layernorm.eps
+    kind = PackedBf16Linear if isinstance(layers[0].self_attn.o_proj, PackedBf16Linear) else PackedLinear
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         backend = attn.backend
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
-        if not (all(isinstance(m, PackedLinear) for m in linears)
+        if not (all(isinstance(m, kind) for m in linears)
                 and all(isinstance(n, NativeRMSNorm) and n.eps == eps for n in norms)
                 and attn.q_norm is None and isinstance(backend, NativePagedAttention) and not backend.cuda):
             return None

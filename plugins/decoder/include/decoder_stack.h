@@ -4,8 +4,9 @@
 // results are bitwise those of the module path. What it removes is the ~100 Python calls a step that sit between
 // those kernels (their argument checks, views and output tensors): most of a small decode step beyond its GEMMs.
 //
-// fp32 only; weights packed by sg_pack_f32 (and optionally sg_amx_pack_f32), q/k/v and gate/up merged; KV caches laid out as paged_attention.h
-// describes. The step's embeddings come in `h`; on return `h` holds the last layer's output and `residual` the
+// fp32 (dec_forward_f32: weights packed by sg_pack_f32, and optionally sg_amx_pack_f32) or bf16 (dec_forward_bf16:
+// weights packed by sg_bf16_pack; norms, rotary tables, KV caches and activations bf16 bits; biases fp32), q/k/v
+// and gate/up merged; KV caches laid out as paged_attention.h describes. The step's embeddings come in `h`; on return `h` holds the last layer's output and `residual` the
 // residual stream before it (the model's final norm adds the two, as the module path does).
 #pragma once
 #include <stdint.h>
@@ -17,25 +18,26 @@ extern "C" {
 enum { DEC_OK = 0, DEC_ERR_SHAPE = 1, DEC_ERR_WORKSPACE = 2, DEC_ERR_GEMM = 3, DEC_ERR_OPS = 4,
        DEC_ERR_ATTENTION = 5 };
 
+// Norms, packed weights and caches are of the call's element type (float, or bf16 bits); biases are fp32.
 typedef struct dec_layer {
-  const float* input_norm;    // (hidden,)
-  const float* post_norm;     // (hidden,)
-  const float* qkv;           // packed (hidden, q_size + 2 kv_size): each token's q heads, then k, then v
+  const void* input_norm;     // (hidden,)
+  const void* post_norm;      // (hidden,)
+  const void* qkv;            // packed (hidden, q_size + 2 kv_size): each token's q heads, then k, then v
   const float* qkv_bias;      // (q_size + 2 kv_size,) or NULL
-  const float* o;             // packed (q_size, hidden)
+  const void* o;              // packed (q_size, hidden)
   const float* o_bias;        // or NULL
-  const float* gate_up;       // packed (hidden, 2 intermediate): [gate | up]
+  const void* gate_up;        // packed (hidden, 2 intermediate): [gate | up]
   const float* gate_up_bias;  // or NULL
-  const float* down;          // packed (intermediate, hidden)
+  const void* down;           // packed (intermediate, hidden)
   const float* down_bias;     // or NULL
-  // The same four weights packed by sg_amx_pack_f32 (amx_gemm.h), or NULL: steps of at least SG_AMX_MIN_ROWS
-  // tokens then multiply through AMX, as PackedLinear does.
+  // fp32: the same four weights packed by sg_amx_pack_f32 (amx_gemm.h), or NULL: steps of at least
+  // SG_AMX_MIN_ROWS tokens then multiply through AMX, as PackedLinear does. bf16: unused.
   const uint16_t* qkv_amx;
   const uint16_t* o_amx;
   const uint16_t* gate_up_amx;
   const uint16_t* down_amx;
-  float* k_cache;             // (num_blocks, block_size, num_kv_heads, head_dim) at the strides of dec_stack
-  float* v_cache;
+  void* k_cache;              // (num_blocks, block_size, num_kv_heads, head_dim) at the strides of dec_stack
+  void* v_cache;
   int32_t sliding_window;     // 0: full causal attention
   int32_t reserved;           // 0
 } dec_layer;
@@ -51,8 +53,8 @@ typedef struct dec_stack {
 // One step's tokens and their paged-attention metadata (as paged_attention.h's arguments).
 typedef struct dec_step {
   int32_t num_tokens, num_seqs, max_blocks_per_seq, max_context_len;
-  const float* cos;  // (num_tokens, head_dim): the rotary tables, shared by every layer
-  const float* sin;
+  const void* cos;  // (num_tokens, head_dim): the rotary tables, shared by every layer (the call's type)
+  const void* sin;
   const int32_t* block_tables;     // (num_seqs, max_blocks_per_seq)
   const int32_t* context_lens;     // (num_seqs,)
   const int32_t* query_start_loc;  // (num_seqs + 1,)
@@ -64,7 +66,8 @@ typedef struct dec_step {
   int64_t num_rows;
 } dec_step;
 
-// Floats of workspace dec_forward_f32 needs for a step of `num_tokens` tokens.
+// Values of workspace (floats for dec_forward_f32, bf16 values for dec_forward_bf16) a step of `num_tokens`
+// tokens needs.
 int64_t dec_workspace_floats(const dec_stack* s, int64_t num_tokens);
 
 // Run every layer. h: (num_tokens, hidden) contiguous, the embeddings in, the last layer's output out;
@@ -72,6 +75,11 @@ int64_t dec_workspace_floats(const dec_stack* s, int64_t num_tokens);
 // outputs and KV caches are then partly written). With num_tokens 0 it only checks the shapes.
 int dec_forward_f32(const dec_stack* s, const dec_step* step, float* h, float* residual, float* workspace,
                     int64_t workspace_floats);
+
+// The same for a bfloat16 model: h, residual and workspace hold bf16 bits; each kernel is the module path's
+// (bf16_gemm.h, cpu_ops.h's _bf16 ops, bf16 paged attention).
+int dec_forward_bf16(const dec_stack* s, const dec_step* step, uint16_t* h, uint16_t* residual,
+                     uint16_t* workspace, int64_t workspace_values);
 
 #ifdef __cplusplus
 }
