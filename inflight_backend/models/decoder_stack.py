@@ -112,7 +112,8 @@ class DecoderStack:
                                layers=self._layers)
         self._kv_caches: list | None = None  # the caches the layer structs point to
         self._dtype = layers[0].input_layernorm.weight.dtype  # fp32 or bf16 throughout (`build` checked)
-        self._forward = lib.dec_forward_bf16 if self._dtype == torch.bfloat16 else lib.dec_forward_f32
+        # (looked up on the library at each call, where a profiler's labelled wrapper can stand in for it)
+        self._forward = "dec_forward_bf16" if self._dtype == torch.bfloat16 else "dec_forward_f32"
         self._workspace = torch.empty(0, dtype=self._dtype)
 
     def __call__(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_caches: list,
@@ -135,8 +136,8 @@ class DecoderStack:
                        slot_mapping=meta.slot_mapping.data_ptr(),
                        rows=None if rows is None else rows.data_ptr(), num_rows=0 if rows is None else len(rows))
         residual = torch.empty_like(h)
-        status = self._forward(self._stack, step, h.data_ptr(), residual.data_ptr(), self._workspace.data_ptr(),
-                               self._workspace.numel())
+        status = getattr(self._lib, self._forward)(self._stack, step, h.data_ptr(), residual.data_ptr(),
+                                                   self._workspace.data_ptr(), self._workspace.numel())
         if status != DEC_OK:
             raise RuntimeError(f"native decoder stack failed in its {DEC_ERRORS.get(status, status)} call")
         return (h, residual) if rows is None else (h[:len(rows)], residual[:len(rows)])
