@@ -3,7 +3,7 @@ on processors with AMX, the AMX GEMM (bf16x6 pieces, fp32 accuracy) that prefill
 
     .venv/bin/python benchmarks/skinny_gemm.py [--checkpoint build/models/bench-medium] [--rows 1 4 8 16 32 64 2048]
                                                [--repeat 5] [--baseline-lib OLD.so] [--chunk-rows 128 1024]
-                                               [--stream-ahead 0 1024]
+                                               [--stream-ahead 0 1024] [--dtype bfloat16]
 
 Shapes are the checkpoint's linear layers (q, k/v, o, gate/up, down, LM head). Every figure is the best of
 --repeat timings of a loop over the same call, so weights may sit in cache; the end-to-end effect is in
@@ -15,7 +15,8 @@ row threshold on, where both builds have it; else the packed GEMM); its columns 
 the first is the baseline of the ratios), with each layer's weights read from memory as in a model's step: a ring of
 copies of the layer, more than `--ring-mb` in all, each call taking the next copy, the chunk sizes alternating ring
 pass by ring pass. `--stream-ahead A B ...`: the same for how far ahead of its loads (bytes) a GEMM of at most 6 rows
-fetches the weights (`skinny_gemm.stream_ahead`; 0: the next chunk, as with more rows).
+fetches the weights (`skinny_gemm.stream_ahead`; 0: the next chunk, as with more rows). `--dtype bfloat16`: a bf16
+model's layers, torch's bf16 GEMM against the bf16 GEMM (bf16_gemm.h), weights read from memory the same way.
 """
 from __future__ import annotations
 
@@ -130,6 +131,33 @@ def compare_settings(lib, args) -> None:
         skinny_gemm.stream_ahead(lib, ahead)
 
 
+def compare_bf16(lib, args) -> None:
+    """A bfloat16 model's layers: torch's bf16 GEMM on input-major weights (the `torch` layout) against the bf16 GEMM
+    on packed panels, each call taking the next of a ring of copies of the layer (more than `args.ring_mb` MB:
+    weights read from memory, as in a step), the two alternating ring pass by ring pass."""
+    if not skinny_gemm.bf16_available(lib):
+        raise SystemExit("no bf16 GEMM here: the processor has no AVX512-BF16")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; bf16; best of {args.repeat} ring passes; "
+          f"ms per call, weights from memory (rings of > {args.ring_mb} MB)")
+    print("| layer (K x N) | rows | torch input-major | native bf16 | speed-up | native GFLOP/s |\n"
+          "|---|---:|---:|---:|---:|---:|")
+    for name, (k, n) in layer_shapes(args.checkpoint).items():
+        weight_t = torch.randn(k, n).to(torch.bfloat16)
+        copies = max(2, -(-args.ring_mb * 2**20 // (k * n * 2)))
+        torch_ring = [weight_t.clone() for _ in range(copies)]
+        native_ring = [skinny_gemm.bf16_pack(lib, weight_t) for _ in range(copies)]
+        for rows in args.rows:
+            x = torch.randn(rows, k).to(torch.bfloat16)
+            torch.testing.assert_close(skinny_gemm.bf16_gemm(lib, x, native_ring[0], n, None), x @ weight_t,
+                                       atol=0.1, rtol=0.02)
+            ms = [t / copies for t in best_ms(lambda: [x @ w for w in torch_ring],
+                                              lambda: [skinny_gemm.bf16_gemm(lib, x, p, n, None) for p in native_ring],
+                                              repeat=args.repeat, calls=1)]
+            print(f"| {name} ({k} x {n}) | {rows} | {ms[0]:.3f} | {ms[1]:.3f} | {ms[0] / ms[1]:.2f}x | "
+                  f"{2 * rows * k * n / ms[1] / 1e6:.0f} |", flush=True)
+        torch_ring.clear(), native_ring.clear()  # (freed before the next layer's rings)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default="build/models/bench-medium")
@@ -141,14 +169,18 @@ def main(argv=None) -> None:
     parser.add_argument("--stream-ahead", type=int, nargs="+", metavar="BYTES",
                         help="compare these prefetch distances of walks of up to 6 rows (0: the next chunk), "
                              "weights read from memory")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="bfloat16: torch's bf16 GEMM against the bf16 GEMM, weights read from memory")
     parser.add_argument("--ring-mb", type=int, default=1024,
-                        help="with --chunk-rows or --stream-ahead: each layer's ring of copies")
+                        help="with --chunk-rows, --stream-ahead or --dtype bfloat16: each layer's ring of copies")
     args = parser.parse_args(argv)
     lib = skinny_gemm.load_library()
     if lib is None:
         raise SystemExit("build/lib/libinflight_sgemm_cpu.so is missing or built without AVX-512: `make native`")
     if args.baseline_lib is not None:
         return compare_builds(lib, args)
+    if args.dtype == "bfloat16":
+        return compare_bf16(lib, args)
     if args.chunk_rows or args.stream_ahead:
         return compare_settings(lib, args)
     shapes = layer_shapes(args.checkpoint)
