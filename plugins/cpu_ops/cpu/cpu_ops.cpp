@@ -1,11 +1,13 @@
-// Fused fp32 CPU ops (see include/cpu_ops.h). Loops are written for the compiler's vectoriser (omp simd) and
-// split over rows with OpenMP only when there is enough work to pay for waking the threads.
+// Fused CPU ops, fp32 and (for a bf16 model's layers) bf16 (see include/cpu_ops.h). Loops are written for the
+// compiler's vectoriser (omp simd) and split over rows with OpenMP only when there is enough work to pay for waking
+// the threads.
 #include "cpu_ops.h"
 #include "fast_exp.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -45,39 +47,126 @@ int64_t argmax_row(const float* __restrict x, int64_t n) {
   return 0;  // every value -inf: index 0, as torch
 }
 
-// One row of RMSNorm: y = weight * (x / sqrt(mean(x^2) + eps)).
-inline void rms_norm_row(const float* __restrict x, int64_t n, const float* __restrict weight, float eps,
-                         float* __restrict y) {
+// Element types: fp32 as it is; bf16 (its bits in a uint16_t) widened to fp32, each op computing in fp32 and
+// rounding where torch's module path (models/llama.py) rounds on bf16 tensors: the residual sum, the normalised
+// row before the weight, each rotary product and their sum, silu before the product. Rounding is to nearest even,
+// NaN kept (the bf16 GEMM's).
+inline float widen(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline uint16_t narrow(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+template <typename T> struct Elem;
+template <> struct Elem<float> {  // no rounding: the fp32 expressions as they read
+  static float load(float v) { return v; }
+  static float store(float v) { return v; }
+  static float round(float v) { return v; }
+};
+template <> struct Elem<uint16_t> {
+  static float load(uint16_t b) { return widen(b); }
+  static uint16_t store(float f) { return narrow(f); }
+  static float round(float f) { return widen(narrow(f)); }
+};
+
+constexpr int64_t kMaxRow = 1 << 14;  // widest row the bf16 norms take (a stack buffer of fp32 values)
+
+// One row of RMSNorm over x (fp32 values): y = weight * round(x / sqrt(mean(x^2) + eps)), as transformers' in the
+// model's dtype.
+template <typename T>
+inline void rms_norm_row(const float* __restrict x, int64_t n, const T* __restrict weight, float eps,
+                         T* __restrict y) {
+  using E = Elem<T>;
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
   const float inv = 1.f / std::sqrt(sum / float(n) + eps);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = weight[i] * (x[i] * inv);
+  for (int64_t i = 0; i < n; ++i) y[i] = E::store(E::load(weight[i]) * E::round(x[i] * inv));
+}
+
+template <typename T>
+int rms_norm(const T* x, int64_t rows, int64_t n, int64_t ldx, const T* weight, float eps, T* y) {
+  constexpr bool wide = std::is_same<T, float>::value;
+  if (rows < 0 || n <= 0 || (!wide && n > kMaxRow) || ldx < n) return OPS_ERR_SHAPE;
+#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    if constexpr (wide) {
+      rms_norm_row(x + r * ldx, n, weight, eps, y + r * n);
+    } else {
+      float row[kMaxRow];
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) row[i] = widen(x[r * ldx + i]);
+      rms_norm_row(row, n, weight, eps, y + r * n);
+    }
+  }
+  return OPS_OK;
+}
+
+// residual += h (rounded to T), then the row's RMSNorm: fp32 rows in place, bf16 ones through an fp32 copy.
+template <typename T>
+int add_rms_norm(T* residual, const T* h, int64_t rows, int64_t n, int64_t ldr, int64_t ldh, const T* weight,
+                 float eps, T* y) {
+  constexpr bool wide = std::is_same<T, float>::value;
+  if (rows < 0 || n <= 0 || (!wide && n > kMaxRow) || ldr < n || ldh < n) return OPS_ERR_SHAPE;
+#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    T* __restrict rr = residual + r * ldr;
+    const T* __restrict hr = h + r * ldh;
+    if constexpr (wide) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) rr[i] += hr[i];
+      rms_norm_row(rr, n, weight, eps, y + r * n);
+    } else {
+      float row[kMaxRow];
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) {
+        row[i] = Elem<T>::round(widen(rr[i]) + widen(hr[i]));
+        rr[i] = narrow(row[i]);
+      }
+      rms_norm_row(row, n, weight, eps, y + r * n);
+    }
+  }
+  return OPS_OK;
+}
+
+template <typename T>
+int silu_mul(const T* gate, const T* up, int64_t rows, int64_t n, int64_t ld, T* out) {
+  using E = Elem<T>;
+  if (rows < 0 || n < 0 || ld < n) return OPS_ERR_SHAPE;
+#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* __restrict g = gate + r * ld;
+    const T* __restrict u = up + r * ld;
+    T* __restrict o = out + r * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = E::load(g[i]);
+      o[i] = E::store(E::round(x / (1.f + exp_clamped(-x))) * E::load(u[i]));
+    }
+  }
+  return OPS_OK;
 }
 
 }  // namespace
 
 extern "C" int ops_rms_norm_f32(const float* x, int64_t rows, int64_t n, int64_t ldx, const float* weight,
                                 float eps, float* y) {
-  if (rows < 0 || n <= 0 || ldx < n) return OPS_ERR_SHAPE;
-#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) rms_norm_row(x + r * ldx, n, weight, eps, y + r * n);
-  return OPS_OK;
+  return rms_norm(x, rows, n, ldx, weight, eps, y);
 }
 
 extern "C" int ops_add_rms_norm_f32(float* residual, const float* h, int64_t rows, int64_t n, int64_t ldr,
                                     int64_t ldh, const float* weight, float eps, float* y) {
-  if (rows < 0 || n <= 0 || ldr < n || ldh < n) return OPS_ERR_SHAPE;
-#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    float* __restrict rr = residual + r * ldr;
-    const float* __restrict hr = h + r * ldh;
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) rr[i] += hr[i];
-    rms_norm_row(rr, n, weight, eps, y + r * n);
-  }
-  return OPS_OK;
+  return add_rms_norm(residual, h, rows, n, ldr, ldh, weight, eps, y);
 }
 
 extern "C" int ops_rotary_f32(float* v, int64_t tokens, int64_t heads, int64_t head_dim, int64_t ldv,
@@ -104,16 +193,7 @@ extern "C" int ops_rotary_f32(float* v, int64_t tokens, int64_t heads, int64_t h
 
 extern "C" int ops_silu_mul_f32(const float* gate, const float* up, int64_t rows, int64_t n, int64_t ld,
                                 float* out) {
-  if (rows < 0 || n < 0 || ld < n) return OPS_ERR_SHAPE;
-#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* __restrict g = gate + r * ld;
-    const float* __restrict u = up + r * ld;
-    float* __restrict o = out + r * n;
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
-  }
-  return OPS_OK;
+  return silu_mul(gate, up, rows, n, ld, out);
 }
 
 extern "C" int ops_argmax_rows_f32(const float* x, int64_t rows, int64_t n, int64_t ldx, int64_t* out) {
@@ -123,74 +203,18 @@ extern "C" int ops_argmax_rows_f32(const float* x, int64_t rows, int64_t n, int6
   return OPS_OK;
 }
 
-// bf16: each op computes in fp32 and rounds where torch's module path (models/llama.py) rounds: the residual sum,
-// the normalised row before the weight, each product and sum of the rotary, silu before the product. Values are
-// bf16 bits; the same rounding as the bf16 GEMM's (nearest even, NaN kept).
-namespace {
-
-inline float widen(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-inline uint16_t narrow(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
-inline float rounded(float f) { return widen(narrow(f)); }
-
-// y = weight * round(x / sqrt(mean(x^2) + eps)), x already in fp32 (transformers' RMSNorm in a bf16 model).
-inline void rms_norm_row_bf16(const float* __restrict x, int64_t n, const uint16_t* __restrict weight, float eps,
-                              uint16_t* __restrict y) {
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
-  const float inv = 1.f / std::sqrt(sum / float(n) + eps);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = narrow(widen(weight[i]) * rounded(x[i] * inv));
-}
-
-constexpr int64_t kMaxRow = 1 << 14;  // widest row the bf16 norms take (a stack buffer of fp32 values)
-
-}  // namespace
-
 extern "C" int ops_rms_norm_bf16(const uint16_t* x, int64_t rows, int64_t n, int64_t ldx, const uint16_t* weight,
                                  float eps, uint16_t* y) {
-  if (rows < 0 || n <= 0 || n > kMaxRow || ldx < n) return OPS_ERR_SHAPE;
-#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    float row[kMaxRow];
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) row[i] = widen(x[r * ldx + i]);
-    rms_norm_row_bf16(row, n, weight, eps, y + r * n);
-  }
-  return OPS_OK;
+  return rms_norm(x, rows, n, ldx, weight, eps, y);
 }
 
 extern "C" int ops_add_rms_norm_bf16(uint16_t* residual, const uint16_t* h, int64_t rows, int64_t n, int64_t ldr,
                                      int64_t ldh, const uint16_t* weight, float eps, uint16_t* y) {
-  if (rows < 0 || n <= 0 || n > kMaxRow || ldr < n || ldh < n) return OPS_ERR_SHAPE;
-#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    uint16_t* __restrict rr = residual + r * ldr;
-    const uint16_t* __restrict hr = h + r * ldh;
-    float row[kMaxRow];
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) {
-      row[i] = rounded(widen(rr[i]) + widen(hr[i]));
-      rr[i] = narrow(row[i]);
-    }
-    rms_norm_row_bf16(row, n, weight, eps, y + r * n);
-  }
-  return OPS_OK;
+  return add_rms_norm(residual, h, rows, n, ldr, ldh, weight, eps, y);
 }
 
+// (Not one template with the fp32 rotary: its products and sums are left to the compiler to fuse, these are rounded
+// one by one, as torch's bf16 ops round them.)
 extern "C" int ops_rotary_bf16(uint16_t* v, int64_t tokens, int64_t heads, int64_t head_dim, int64_t ldv,
                                const uint16_t* cos, const uint16_t* sin) {
   if (tokens < 0 || heads <= 0 || head_dim <= 0 || head_dim % 2 || ldv < heads * head_dim) return OPS_ERR_SHAPE;
@@ -204,9 +228,10 @@ extern "C" int ops_rotary_bf16(uint16_t* v, int64_t tokens, int64_t heads, int64
       uint16_t* __restrict b = a + half;
 #pragma omp simd
       for (int64_t i = 0; i < half; ++i) {  // x * cos + rotate_half(x) * sin, each product and sum rounded
+        using E = Elem<uint16_t>;
         const float lo = widen(a[i]), hi = widen(b[i]);
-        a[i] = narrow(rounded(lo * widen(c[i])) + rounded(-hi * widen(s[i])));
-        b[i] = narrow(rounded(hi * widen(c[half + i])) + rounded(lo * widen(s[half + i])));
+        a[i] = narrow(E::round(lo * widen(c[i])) + E::round(-hi * widen(s[i])));
+        b[i] = narrow(E::round(hi * widen(c[half + i])) + E::round(lo * widen(s[half + i])));
       }
     }
   }
@@ -215,18 +240,5 @@ extern "C" int ops_rotary_bf16(uint16_t* v, int64_t tokens, int64_t heads, int64
 
 extern "C" int ops_silu_mul_bf16(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t n, int64_t ld,
                                  uint16_t* out) {
-  if (rows < 0 || n < 0 || ld < n) return OPS_ERR_SHAPE;
-#pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* __restrict g = gate + r * ld;
-    const uint16_t* __restrict u = up + r * ld;
-    uint16_t* __restrict o = out + r * n;
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) {
-      const float x = widen(g[i]);
-      o[i] = narrow(rounded(x / (1.f + exp_clamped(-x))) * widen(u[i]));
-    }
-  }
-  return OPS_OK;
+  return silu_mul(gate, up, rows, n, ld, out);
 }
-

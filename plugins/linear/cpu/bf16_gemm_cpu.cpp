@@ -8,7 +8,6 @@
 #include "bf16_panels.h"
 #include "skinny_gemm.h"
 
-using inflight::bf16::kTile;
 using inflight::bf16::pairs;
 
 extern "C" int sg_bf16_available(void) {
@@ -21,20 +20,12 @@ extern "C" int sg_bf16_available(void) {
 #endif
 }
 
-extern "C" int64_t sg_bf16_packed_size(int64_t K, int64_t N) { return (N + kTile - 1) / kTile * pairs(K) * 2 * kTile; }
+extern "C" int64_t sg_bf16_packed_size(int64_t K, int64_t N) { return inflight::bf16::packed_size(K, N); }
 
 extern "C" int sg_bf16_pack(const uint16_t* w, int64_t K, int64_t N, int64_t stride_k, int64_t stride_n,
                             uint16_t* packed) {
   if (K <= 0 || N <= 0) return SG_ERR_SHAPE;
-  const int64_t P = pairs(K), tiles = (N + kTile - 1) / kTile;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tiles; ++t)
-    for (int64_t p = 0; p < P; ++p)
-      for (int64_t c = 0; c < kTile; ++c)
-        for (int e = 0; e < 2; ++e) {
-          const int64_t n = t * kTile + c, k = 2 * p + e;
-          packed[(t * P + p) * 2 * kTile + 2 * c + e] = n < N && k < K ? w[k * stride_k + n * stride_n] : 0;
-        }
+  inflight::bf16::pack_panels(K, N, packed, [=](int64_t k, int64_t n) { return w[k * stride_k + n * stride_n]; });
   return SG_OK;
 }
 

@@ -29,6 +29,7 @@ constexpr int kRows = 6;
 constexpr int64_t kSlab = 96;  // rows of x per pass over all tiles (as the skinny GEMM's: they stay in L2)
 
 inline int64_t pairs(int64_t K) { return (K + 1) / 2; }
+inline int64_t packed_size(int64_t K, int64_t N) { return (N + kTile - 1) / kTile * pairs(K) * 2 * kTile; }
 
 // Round to nearest even, as bf16 bits (NaN stays NaN; denormals round like any other value).
 inline uint16_t to_bf16(float f) {
@@ -37,6 +38,21 @@ inline uint16_t to_bf16(float f) {
   if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x40);
   b += 0x7fffu + ((b >> 16) & 1u);
   return (uint16_t)(b >> 16);
+}
+
+// The panels of a (K, N) weight: packed[(t P + p) 2 kTile + 2 c + e] = value(k, n) for k = 2p + e < K and
+// n = t kTile + c < N, zero past either edge (P = pairs(K)); `value` gives bf16 bits.
+template <typename Value>
+void pack_panels(int64_t K, int64_t N, uint16_t* packed, Value value) {
+  const int64_t P = pairs(K), tiles = (N + kTile - 1) / kTile;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t c = 0; c < kTile; ++c)
+        for (int e = 0; e < 2; ++e) {
+          const int64_t n = t * kTile + c, k = 2 * p + e;
+          packed[(t * P + p) * 2 * kTile + 2 * c + e] = n < N && k < K ? value(k, n) : 0;
+        }
 }
 
 #ifdef GS_BUILD

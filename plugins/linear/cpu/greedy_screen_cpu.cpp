@@ -192,12 +192,11 @@ extern "C" int gs_available(void) {
 #endif
 }
 
-extern "C" int64_t gs_packed_size(int64_t K, int64_t N) { return (N + kTile - 1) / kTile * pairs(K) * 2 * kTile; }
+extern "C" int64_t gs_packed_size(int64_t K, int64_t N) { return inflight::bf16::packed_size(K, N); }
 
 extern "C" int gs_pack(const float* w, int64_t K, int64_t N, int64_t stride_k, int64_t stride_n, uint16_t* packed,
                        double* norms) {
   if (K <= 0 || N <= 0) return SG_ERR_SHAPE;
-  const int64_t P = pairs(K);
   std::vector<double> sw(N, 0.0), sb(N, 0.0), sd(N, 0.0);
   int bad = 0;
 #pragma omp parallel for schedule(static) reduction(+ : bad)
@@ -222,15 +221,8 @@ extern "C" int gs_pack(const float* w, int64_t K, int64_t N, int64_t stride_k, i
     most[2] = sd[n] > most[2] ? sd[n] : most[2];
   }
   for (int i = 0; i < 3; ++i) norms[i] = sqrt(most[i]) * (1.0 + 1e-12);
-  const int64_t tiles = (N + kTile - 1) / kTile;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tiles; ++t)
-    for (int64_t p = 0; p < P; ++p)
-      for (int64_t c = 0; c < kTile; ++c)
-        for (int e = 0; e < 2; ++e) {
-          const int64_t n = t * kTile + c, k = 2 * p + e;
-          packed[(t * P + p) * 2 * kTile + 2 * c + e] = n < N && k < K ? to_bf16(w[k * stride_k + n * stride_n]) : 0;
-        }
+  inflight::bf16::pack_panels(K, N, packed,
+                              [=](int64_t k, int64_t n) { return to_bf16(w[k * stride_k + n * stride_n]); });
   return SG_OK;
 }
 
