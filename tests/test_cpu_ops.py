@@ -132,8 +132,9 @@ def test_argmax_ties_infinities_and_nan_follow_torch(lib):
     assert cpu_ops.argmax_rows(lib, strided) == strided.argmax(dim=-1).tolist()
 
 
-# bf16: each op rounds where torch's ops on bf16 tensors round (models/llama.py's modules), so the bits are theirs.
-@pytest.mark.parametrize("rows, n", [(1, 512), (7, 37), (33, 1000)])
+# bf16: each op rounds where torch's ops on bf16 tensors round (models/llama.py's modules), so the bits are theirs;
+# rows of any width (a thread's fp32 copy of the row grows to fit).
+@pytest.mark.parametrize("rows, n", [(1, 512), (7, 37), (33, 1000), (2, 20000)])
 def test_bf16_norms_are_the_modules_bits(lib, rows, n):
     torch.manual_seed(rows + n)
     norm = RMSNorm(n, 1e-5).to(torch.bfloat16)

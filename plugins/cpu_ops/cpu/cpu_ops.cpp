@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -78,7 +79,12 @@ template <> struct Elem<uint16_t> {
   static float round(float f) { return widen(narrow(f)); }
 };
 
-constexpr int64_t kMaxRow = 1 << 14;  // widest row the bf16 norms take (a stack buffer of fp32 values)
+// A bf16 row widened to fp32, the calling thread's (kept between calls: no allocation once grown).
+inline float* widened_row(int64_t n) {
+  static thread_local std::vector<float> row;
+  if (int64_t(row.size()) < n) row.resize(n);
+  return row.data();
+}
 
 // One row of RMSNorm over x (fp32 values): y = weight * round(x / sqrt(mean(x^2) + eps)), as transformers' in the
 // model's dtype.
@@ -97,13 +103,13 @@ inline void rms_norm_row(const float* __restrict x, int64_t n, const T* __restri
 template <typename T>
 int rms_norm(const T* x, int64_t rows, int64_t n, int64_t ldx, const T* weight, float eps, T* y) {
   constexpr bool wide = std::is_same<T, float>::value;
-  if (rows < 0 || n <= 0 || (!wide && n > kMaxRow) || ldx < n) return OPS_ERR_SHAPE;
+  if (rows < 0 || n <= 0 || ldx < n) return OPS_ERR_SHAPE;
 #pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     if constexpr (wide) {
       rms_norm_row(x + r * ldx, n, weight, eps, y + r * n);
     } else {
-      float row[kMaxRow];
+      float* row = widened_row(n);
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) row[i] = widen(x[r * ldx + i]);
       rms_norm_row(row, n, weight, eps, y + r * n);
@@ -117,7 +123,7 @@ template <typename T>
 int add_rms_norm(T* residual, const T* h, int64_t rows, int64_t n, int64_t ldr, int64_t ldh, const T* weight,
                  float eps, T* y) {
   constexpr bool wide = std::is_same<T, float>::value;
-  if (rows < 0 || n <= 0 || (!wide && n > kMaxRow) || ldr < n || ldh < n) return OPS_ERR_SHAPE;
+  if (rows < 0 || n <= 0 || ldr < n || ldh < n) return OPS_ERR_SHAPE;
 #pragma omp parallel for if (rows * n >= kParallelWork) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     T* __restrict rr = residual + r * ldr;
@@ -127,7 +133,7 @@ int add_rms_norm(T* residual, const T* h, int64_t rows, int64_t n, int64_t ldr, 
       for (int64_t i = 0; i < n; ++i) rr[i] += hr[i];
       rms_norm_row(rr, n, weight, eps, y + r * n);
     } else {
-      float row[kMaxRow];
+      float* row = widened_row(n);
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) {
         row[i] = Elem<T>::round(widen(rr[i]) + widen(hr[i]));

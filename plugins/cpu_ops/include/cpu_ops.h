@@ -56,8 +56,7 @@ int ops_logprobs_rows_f32(const float* x, int64_t n, int64_t ldx, const int64_t*
 
 // The same four ops for a bfloat16 model (values are bf16 bits): computed in fp32, rounded to bf16 where torch's
 // ops on bf16 tensors round (models/llama.py): the residual sum; the normalised row, then its product with the
-// weight; each rotary product and their sum; silu(gate), then its product with up. Norms take rows of at most
-// 16,384 values.
+// weight; each rotary product and their sum; silu(gate), then its product with up.
 int ops_rms_norm_bf16(const uint16_t* x, int64_t rows, int64_t n, int64_t ldx, const uint16_t* weight, float eps,
                       uint16_t* y);
 int ops_add_rms_norm_bf16(uint16_t* residual, const uint16_t* h, int64_t rows, int64_t n, int64_t ldr, int64_t ldh,
