@@ -71,6 +71,16 @@ def test_layout_takes_it_for_bf16_models(lib):
     torch.testing.assert_close(model(x), expected, atol=0.05, rtol=0.02)
 
 
+def test_auto_keeps_torch_for_bf16_where_amx_runs(lib, monkeypatch):
+    """With AMX (oneDNN's bf16 prefills on tiles, not measured against ours) `auto` keeps torch's bf16 GEMM;
+    `native` still takes the bf16 GEMM."""
+    monkeypatch.setattr(skinny_gemm, "amx_available", lambda library: True)
+    model = nn.Sequential(nn.Linear(8, 8)).to(torch.bfloat16)
+    assert convert_cpu_linears(model, "auto", torch.bfloat16) == "torch (input-major)"
+    model = nn.Sequential(nn.Linear(8, 8)).to(torch.bfloat16)
+    assert convert_cpu_linears(model, "native", torch.bfloat16).startswith("native bf16 GEMM")
+
+
 def test_native_bf16_needs_the_instructions(monkeypatch):
     """Where the processor has no AVX512-BF16, `native` refuses a bf16 model and `auto` keeps torch's GEMM."""
     monkeypatch.setattr(skinny_gemm, "bf16_available", lambda lib: False)

@@ -12,7 +12,8 @@
   rounded once as torch's GEMM rounds it; with weights read from memory 2.2-4.3x faster than torch's bf16 GEMM
   (oneDNN, which reorders the weight on every call) at 1-8 rows, 1.7-2.2x at 32, as fast from 256 rows.
 `auto` picks native for fp32 when the library is built with AVX-512 or AVX2+FMA and for bf16 on processors with
-AVX512-BF16, else torch. CUDA models keep nn.Linear.
+AVX512-BF16 but no AMX (with AMX, oneDNN's bf16 GEMM multiplies prefill-sized inputs on AMX tiles; ours is not
+measured against it), else torch. CUDA models keep nn.Linear.
 
 With the native layout on a processor with AMX (`amx_gemm`), each layer's weights are also packed as three bf16
 pieces (amx_gemm.h), and inputs of at least `skinny_gemm.amx_min_rows` rows (prefill steps) multiply through AMX
@@ -103,6 +104,10 @@ def resolve(backend: str, dtype: torch.dtype):
         return None
     lib = skinny_gemm.load_library() if dtype in (torch.float32, torch.bfloat16) else None
     if dtype == torch.bfloat16 and not skinny_gemm.bf16_available(lib):
+        lib = None
+    if dtype == torch.bfloat16 and backend == "auto" and lib is not None and skinny_gemm.amx_available(lib):
+        # oneDNN multiplies prefill-sized bf16 inputs on AMX tiles, which the bf16 GEMM does not: not measured
+        # against it yet (no AMX machine), so `auto` keeps torch's there; `native` still chooses ours.
         lib = None
     if lib is None and backend == "native":
         raise RuntimeError("linear_backend: native needs build/lib/libinflight_sgemm_cpu.so (`make native`) and fp32 "
