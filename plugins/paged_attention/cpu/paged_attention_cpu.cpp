@@ -161,14 +161,24 @@ inline __m512 sum16(__m512* a) {
                        _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// 16 keys' values as fp32: an fp32 row's as they are, a bf16 row's widened in registers (its bits are fp32's high
+// half), so bf16 keys are scored by the same code with no widened copy.
+PA_WIDE inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+PA_WIDE inline __m512 load16(const bf16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+constexpr bool kBf16Dots = true;
+
 // Four rows' products with four keys (16 sums in registers), D / 16 vectors each, reduced together (sum16):
 // each K vector is loaded once for the four rows. scores[r * kChunk + j] for r, j < 4.
-PA_WIDE inline void dots_4x4(const float* q, const float* const* krows, int D, float* scores) {
+template <typename T>
+PA_WIDE inline void dots_4x4(const float* q, const T* const* krows, int D, float* scores) {
   __m512 acc[16];
   for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
   for (int d = 0; d < D; d += 16) {
-    const __m512 k0 = _mm512_loadu_ps(krows[0] + d), k1 = _mm512_loadu_ps(krows[1] + d),
-                 k2 = _mm512_loadu_ps(krows[2] + d), k3 = _mm512_loadu_ps(krows[3] + d);
+    const __m512 k0 = load16(krows[0] + d), k1 = load16(krows[1] + d), k2 = load16(krows[2] + d),
+                 k3 = load16(krows[3] + d);
     for (int r = 0; r < 4; ++r) {
       const __m512 qv = _mm512_loadu_ps(q + r * D + d);
       acc[4 * r] = _mm512_fmadd_ps(qv, k0, acc[4 * r]);
@@ -186,8 +196,8 @@ PA_WIDE inline void dots_4x4(const float* q, const float* const* krows, int D, f
 // registers, then the 16 keys' vectors reduced together (sum16). D is a multiple of 16; keys past n (a partial
 // last pass) are not read. (A pass's sums are in registers only where the compiler sees 16 of them: with the
 // pass's key count as the loop's bound, they lived on the stack, a load and a store around every FMA.)
-PA_WIDE void dots(const float* q, const float* const* krows, int n, int rows, int D, float* scores,
-                  Ahead<float> next = {}) {
+template <typename T>
+PA_WIDE void dots(const float* q, const T* const* krows, int n, int rows, int D, float* scores, Ahead<T> next = {}) {
   for (int i0 = 0; i0 < n; i0 += 16) {
     const int m = std::min(16, n - i0);
     if (i0 + kAhead < n) prefetch_rows<3>(krows + i0 + kAhead, std::min(16, n - i0 - kAhead), 0, D);
@@ -203,12 +213,12 @@ PA_WIDE void dots(const float* q, const float* const* krows, int n, int rows, in
       if (m == 16) {
         for (int d = 0; d < D; d += 16) {
           const __m512 qv = _mm512_loadu_ps(qg + d);
-          for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(krows[i0 + j] + d), acc[j]);
+          for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, load16(krows[i0 + j] + d), acc[j]);
         }
       } else {
         for (int d = 0; d < D; d += 16) {
           const __m512 qv = _mm512_loadu_ps(qg + d);
-          for (int j = 0; j < m; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(krows[i0 + j] + d), acc[j]);
+          for (int j = 0; j < m; ++j) acc[j] = _mm512_fmadd_ps(qv, load16(krows[i0 + j] + d), acc[j]);
         }
       }
       const __m512 sums = sum16(acc);
@@ -220,6 +230,7 @@ PA_WIDE void dots(const float* q, const float* const* krows, int n, int rows, in
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 constexpr bool kHaveDots = true;
+constexpr bool kBf16Dots = false;  // bf16 keys are widened into a copy first (attend)
 
 // out[j] = sum of the 8 lanes of a[j], j < 8: pairwise horizontal adds, then the two 128-bit halves.
 inline __m256 sum8(const __m256* a) {
@@ -252,6 +263,7 @@ inline void dots(const float* q, const float* const* krows, int n, int rows, int
 }
 #else
 constexpr bool kHaveDots = false;
+constexpr bool kBf16Dots = false;
 inline void dots(const float*, const float* const*, int, int, int, float*, Ahead<float> = {}) {}
 #endif
 
@@ -562,10 +574,11 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
   v.rows(start, std::min(kChunk, num_keys - start), vrows);
   // Scoring by vector dots and V sums in register tiles pace the next chunk's fetches (`Ahead`); the other paths
   // ask for its first kAhead keys' rows at once.
-  const bool vector_dots = kHaveDots && std::is_same<T, float>::value && D % 16 == 0;
-  // bf16 keys: each head's chunk widened to fp32 once (w.wide), then the same vector dots (a row at a time through
-  // dot() had made bf16 decodes 2x slower than fp32 ones, on half the bytes).
-  const bool wide_dots = kHaveDots && std::is_same<T, bf16>::value && D % 16 == 0;
+  constexpr bool dots_take_t = std::is_same<T, float>::value || kBf16Dots;
+  const bool vector_dots = kHaveDots && dots_take_t && D % 16 == 0;
+  // bf16 keys without AVX-512: each head's chunk widened to fp32 once (w.wide), then the same vector dots (a row
+  // at a time through dot() had made bf16 decodes 2x slower than fp32 ones, on half the bytes).
+  const bool wide_dots = kHaveDots && !dots_take_t && D % 16 == 0;
   const bool v_tiles = (D == 64 && per_head >= 4) || (D == 128 && per_head >= 2);  // accumulate_tile's R rows
   int spilled = 0;  // keys of the next task asked for so far
   for (int k0 = start; k0 < num_keys; k0 += kChunk) {
@@ -606,8 +619,8 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
         const T** hk = h == 0 ? krows : w.head_rows(krows, n, h * p.kv_stride_head);
         const int g0 = h * per_head;
         if (vector_dots) {
-          dots(q + g0 * D, reinterpret_cast<const float* const*>(hk), n, per_head, D, scores + g0 * kChunk,
-               Ahead<float>{reinterpret_cast<const float* const*>(knext), ahead, h * p.kv_stride_head});
+          if constexpr (dots_take_t)
+            dots(q + g0 * D, hk, n, per_head, D, scores + g0 * kChunk, Ahead<T>{knext, ahead, h * p.kv_stride_head});
         } else if (wide_dots) {
           const float** rows_f = w.wide_rows.data();
           for (int i = 0; i < n; ++i) rows_f[i] = as_floats(hk[i], w.wide.data() + i * D, D);
