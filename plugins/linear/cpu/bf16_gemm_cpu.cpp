@@ -1,8 +1,6 @@
 // bf16 GEMM (see include/bf16_gemm.h): the greedy screen's panels and walk (bf16_panels.h), bf16 in and out.
 #include "bf16_gemm.h"
 
-#include <omp.h>
-
 #include <vector>
 
 #include "bf16_panels.h"

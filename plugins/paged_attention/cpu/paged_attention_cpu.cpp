@@ -522,11 +522,12 @@ struct Scratch {  // per-thread buffers, allocated once per call
   std::vector<float> q, acc, scores, buf, m, l, kt;
   std::vector<int> first, limit;
   std::vector<const void*> shifted;  // one chunk's row pointers moved to another KV head
-  std::vector<float> wide;  // bf16 decodes: one head's chunk of K rows as fp32, for the vector dots
+  std::vector<float> wide;  // bf16 keys the dots cannot read (no AVX-512): one head's chunk of them as fp32
   std::vector<const float*> wide_rows;
-  Scratch(int rows, int D, bool tiled, bool bf16)
+  Scratch(int rows, int D, bool tiled, bool widened_keys)
       : q(rows * D), acc(rows * D), scores(rows * kChunk), buf(D), m(rows), l(rows), kt(tiled ? D * kChunk : 0),
-        first(rows), limit(rows), shifted(kChunk), wide(bf16 ? kChunk * D : 0), wide_rows(bf16 ? kChunk : 0) {}
+        first(rows), limit(rows), shifted(kChunk), wide(widened_keys ? kChunk * D : 0),
+        wide_rows(widened_keys ? kChunk : 0) {}
   // rows[i] + offset for the chunk's n rows (the same positions in another KV head), valid until the next call.
   template <typename T> const T** head_rows(const T* const* rows, int n, int64_t offset) {
     const T** out = reinterpret_cast<const T**>(shifted.data());
@@ -731,7 +732,8 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
 #pragma omp parallel
   {
     // sized for this call: decode-only steps allocate a few rows, or a token's heads taken together
-    Scratch w(std::max(block * group, p.num_heads), D, block * group >= kMinTiledRows, std::is_same<T, bf16>::value);
+    Scratch w(std::max(block * group, p.num_heads), D, block * group >= kMinTiledRows,
+              std::is_same<T, bf16>::value && !kBf16Dots);
     // Tasks claimed one ahead, so the one after is known while this one runs (its first keys fetched early).
     int i = claim.fetch_add(1, std::memory_order_relaxed);
     while (i < num_tasks) {
