@@ -5,7 +5,8 @@
 // keys. Each K/V row read serves every (query, head) row of a block; causal limits (and a sliding window's first
 // keys) mask per row, and chunks wholly before every row's window are not read. Blocks of at
 // least kMinTiledRows rows score a chunk of keys as a small GEMM (the chunk transposed once, keys along the
-// vector lanes, four rows per register tile) instead of one horizontal dot per (row, key).
+// vector lanes, four rows per register tile) instead of one horizontal dot per (row, key); in bf16, where the
+// processor has AVX512-BF16, both of a block's products (scores and values) are bf16 dot products.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -475,23 +476,134 @@ inline void transpose16(__m512* r) {
   }
 }
 
-inline bool transpose_keys(const float* const* krows, int n, int D, float* kt) {
+// bf16 keys are widened in registers as they are loaded (load16).
+template <typename T>
+inline bool transpose_keys(const T* const* krows, int n, int D, float* kt) {
   if (D % 16) return false;
   for (int i0 = 0; i0 < kChunk; i0 += 16)
     for (int d0 = 0; d0 < D; d0 += 16) {
       __m512 r[16];
-      for (int j = 0; j < 16; ++j) r[j] = i0 + j < n ? _mm512_loadu_ps(krows[i0 + j] + d0) : _mm512_setzero_ps();
+      for (int j = 0; j < 16; ++j) r[j] = i0 + j < n ? load16(krows[i0 + j] + d0) : _mm512_setzero_ps();
       transpose16(r);
       for (int c = 0; c < 16; ++c) _mm512_storeu_ps(kt + (d0 + c) * kChunk + i0, r[c]);
     }
   return true;
 }
+
+#if defined(__AVX512BF16__)
+// bf16 prompt tiles scored by bf16 dot products (VDPBF16PS: each 32-bit lane sums two products, twice an FMA's):
+// kp (D/2 x kChunk, 32-bit lanes) = the chunk's keys as pairs, kp[p * kChunk + i] = key i's values 2p and 2p + 1,
+// keys past n zero; a key row's 16 pairs are 16 32-bit lanes, so 16 x 16 blocks of them transpose as fp32 ones do.
+constexpr bool kBf16Tiles = true;
+inline void transpose_key_pairs(const bf16* const* krows, int n, int D, uint32_t* kp) {
+  for (int i0 = 0; i0 < kChunk; i0 += 16)
+    for (int p0 = 0; p0 < D / 2; p0 += 16) {
+      __m512 r[16];
+      for (int j = 0; j < 16; ++j)
+        r[j] = i0 + j < n ? _mm512_castsi512_ps(_mm512_loadu_si512(krows[i0 + j] + 2 * p0)) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int c = 0; c < 16; ++c) _mm512_storeu_si512(kp + (p0 + c) * kChunk + i0, _mm512_castps_si512(r[c]));
+    }
+}
+
+// scores[r][i] = scale * (q_r . k_i) for R rows of bf16 query pairs (qp, P pairs a row) and kp's kChunk keys: the
+// products exact, summed in fp32 (the fp32 tiles sum (scale * q_r) . k_i).
+template <int R>
+PA_WIDE inline void score_rows_bf16(const uint32_t* __restrict qp, const uint32_t* __restrict kp, int P, float scale,
+                                    float* __restrict scores) {
+  __m512 s[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) s[r][j] = _mm512_setzero_ps();
+  for (int p = 0; p < P; ++p) {
+    const uint32_t* kd = kp + p * kChunk;
+    const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kd), k1 = (__m512bh)_mm512_loadu_si512(kd + 16),
+                   k2 = (__m512bh)_mm512_loadu_si512(kd + 32), k3 = (__m512bh)_mm512_loadu_si512(kd + 48);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(int(qp[r * P + p]));
+      s[r][0] = _mm512_dpbf16_ps(s[r][0], a, k0);
+      s[r][1] = _mm512_dpbf16_ps(s[r][1], a, k1);
+      s[r][2] = _mm512_dpbf16_ps(s[r][2], a, k2);
+      s[r][3] = _mm512_dpbf16_ps(s[r][3], a, k3);
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(scores + r * kChunk + 16 * j, _mm512_mul_ps(s[r][j], sc));
+}
+
+PA_WIDE void score_tile_bf16(const uint32_t* qp, const uint32_t* kp, int rows, int P, float scale, float* scores) {
+  int g = 0;
+  for (; g + 6 <= rows; g += 6) score_rows_bf16<6>(qp + g * P, kp, P, scale, scores + g * kChunk);
+  for (; g + 2 <= rows; g += 2) score_rows_bf16<2>(qp + g * P, kp, P, scale, scores + g * kChunk);
+  if (g < rows) score_rows_bf16<1>(qp + g * P, kp, P, scale, scores + g * kChunk);
+}
+
+// The V side by bf16 dot products too, as torch's bf16 attention multiplies V by probabilities rounded to bf16:
+// vp (kChunk/2 x D, 32-bit lanes) = the chunk's V rows in pairs of keys, vp[t * D + d] = values d of keys 2t and
+// 2t + 1 (a key past n: zero); pp (rows x kChunk/2) = each row's probabilities, rounded to bf16, in the same pairs.
+inline void pair_values(const bf16* const* vrows, int n, int D, uint32_t* vp) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);  // a[k], b[k] for k < 16 (hi: 16-31)
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int t = 0; 2 * t < n; ++t)
+    for (int d0 = 0; d0 < D; d0 += 32) {
+      const __m512i a = _mm512_loadu_si512(vrows[2 * t] + d0);
+      const __m512i b = 2 * t + 1 < n ? _mm512_loadu_si512(vrows[2 * t + 1] + d0) : _mm512_setzero_si512();
+      _mm512_storeu_si512(vp + t * D + d0, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(vp + t * D + d0 + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+}
+
+inline void pair_probabilities(const float* scores, int rows, uint32_t* pp) {
+  static_assert(kChunk == 64, "two 32-key halves a row");
+  for (int g = 0; g < rows; ++g)
+    for (int h = 0; h < 2; ++h) {
+      const float* s = scores + g * kChunk + 32 * h;
+      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + 16), _mm512_loadu_ps(s));
+      _mm512_storeu_si512(pp + g * (kChunk / 2) + 16 * h, (__m512i)v);
+    }
+}
+
+// acc[g] += sum_t pp[g][t] . vp[t] over the chunk's `pairs` key pairs, R rows a pass (their R x D sums in registers).
+template <int D, int R>
+PA_WIDE void accumulate_pairs_rows(const uint32_t* __restrict vp, int pairs, const uint32_t* __restrict pp,
+                                   float* __restrict acc) {
+  constexpr int V = D / 16;
+  __m512 a[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < V; ++j) a[r][j] = _mm512_loadu_ps(acc + r * D + 16 * j);
+  for (int t = 0; t < pairs; ++t) {
+    __m512bh v[V];
+    for (int j = 0; j < V; ++j) v[j] = (__m512bh)_mm512_loadu_si512(vp + t * D + 16 * j);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(int(pp[r * (kChunk / 2) + t]));
+      for (int j = 0; j < V; ++j) a[r][j] = _mm512_dpbf16_ps(a[r][j], w, v[j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < V; ++j) _mm512_storeu_ps(acc + r * D + 16 * j, a[r][j]);
+}
+
+template <int D, int R>
+PA_WIDE void accumulate_pairs(const uint32_t* vp, int pairs, const uint32_t* pp, int rows, float* acc) {
+  int g = 0;
+  for (; g + R <= rows; g += R) accumulate_pairs_rows<D, R>(vp, pairs, pp + g * (kChunk / 2), acc + g * D);
+  for (; g < rows; ++g) accumulate_pairs_rows<D, 1>(vp, pairs, pp + g * (kChunk / 2), acc + g * D);
+}
+#endif
 #pragma GCC diagnostic pop
 #else
 inline float softmax_chunk16(float* s, int n, float m, float* sum) { return softmax_chunk(s, n, m, sum); }
-inline bool transpose_keys(const float* const*, int, int, float*) { return false; }
+template <typename T> inline bool transpose_keys(const T* const*, int, int, float*) { return false; }
 #endif
-inline bool transpose_keys(const bf16* const*, int, int, float*) { return false; }
+#if !defined(__AVX512BF16__)
+constexpr bool kBf16Tiles = false;
+inline void transpose_key_pairs(const bf16* const*, int, int, uint32_t*) {}
+inline void score_tile_bf16(const uint32_t*, const uint32_t*, int, int, float, float*) {}
+inline void pair_values(const bf16* const*, int, int, uint32_t*) {}
+inline void pair_probabilities(const float*, int, uint32_t*) {}
+template <int D, int R> void accumulate_pairs(const uint32_t*, int, const uint32_t*, int, float*) {}
+#endif
 
 // acc[g] += sum_i scores[g][i] * v_i for head size D, R rows per pass so the R x D accumulator stays in
 // registers while every V row is loaded once per pass.
@@ -522,12 +634,14 @@ struct Scratch {  // per-thread buffers, allocated once per call
   std::vector<float> q, acc, scores, buf, m, l, kt;
   std::vector<int> first, limit;
   std::vector<const void*> shifted;  // one chunk's row pointers moved to another KV head
-  std::vector<float> wide;  // bf16 keys the dots cannot read (no AVX-512): one head's chunk of them as fp32
+  std::vector<uint32_t> qp;  // bf16 prompt tiles by bf16 dot products: the rows' queries, unscaled, as bf16 pairs
+  std::vector<uint32_t> pp;  // and their probabilities in pairs of keys (pair_probabilities)
+  std::vector<float> wide;  // bf16 rows as fp32: a prompt's chunk of V rows, or keys the dots cannot read
   std::vector<const float*> wide_rows;
-  Scratch(int rows, int D, bool tiled, bool widened_keys)
+  Scratch(int rows, int D, bool tiled, bool widened, bool pairs)
       : q(rows * D), acc(rows * D), scores(rows * kChunk), buf(D), m(rows), l(rows), kt(tiled ? D * kChunk : 0),
-        first(rows), limit(rows), shifted(kChunk), wide(widened_keys ? kChunk * D : 0),
-        wide_rows(widened_keys ? kChunk : 0) {}
+        first(rows), limit(rows), shifted(kChunk), qp(pairs ? rows * D / 2 : 0), pp(pairs ? rows * kChunk / 2 : 0), wide(widened ? kChunk * D : 0),
+        wide_rows(widened ? kChunk : 0) {}
   // rows[i] + offset for the chunk's n rows (the same positions in another KV head), valid until the next call.
   template <typename T> const T** head_rows(const T* const* rows, int n, int64_t offset) {
     const T** out = reinterpret_cast<const T**>(shifted.data());
@@ -605,16 +719,26 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
         if (!v_tiles) prefetch_rows<2>(vnext, std::min(kAhead, ahead), h * p.kv_stride_head, D);
       }
     if constexpr (tiled) {
-      float* kt = w.kt.data();
-      if (!transpose_keys(krows, n, D, kt)) {
-        for (int i = 0; i < n; ++i) {
-          const float* krow = as_floats(krows[i], buf, D);
-          for (int d = 0; d < D; ++d) kt[d * kChunk + i] = krow[d];
+      bool scored = false;
+      if constexpr (std::is_same<T, bf16>::value)
+        if (!w.qp.empty()) {  // bf16 dot products (Scratch holds query pairs only where they apply)
+          uint32_t* kp = reinterpret_cast<uint32_t*>(w.kt.data());  // D x kChunk floats hold D/2 x kChunk pairs
+          transpose_key_pairs(krows, n, D, kp);
+          score_tile_bf16(w.qp.data(), kp, group, D / 2, p.scale, scores);
+          scored = true;
         }
-        if (n < kChunk)
-          for (int d = 0; d < D; ++d) std::fill(kt + d * kChunk + n, kt + (d + 1) * kChunk, 0.f);
+      if (!scored) {
+        float* kt = w.kt.data();
+        if (!transpose_keys(krows, n, D, kt)) {
+          for (int i = 0; i < n; ++i) {
+            const float* krow = as_floats(krows[i], buf, D);
+            for (int d = 0; d < D; ++d) kt[d * kChunk + i] = krow[d];
+          }
+          if (n < kChunk)
+            for (int d = 0; d < D; ++d) std::fill(kt + d * kChunk + n, kt + (d + 1) * kChunk, 0.f);
+        }
+        score_tile(q, kt, group, D, scores);
       }
-      score_tile(q, kt, group, D, scores);
     } else {
       for (int h = 0; h < heads; ++h) {
         const T** hk = h == 0 ? krows : w.head_rows(krows, n, h * p.kv_stride_head);
@@ -653,17 +777,38 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
 #pragma omp simd
       for (int d = 0; d < D; ++d) a[d] *= alpha;
     }
-    for (int h = 0; h < heads; ++h) {  // register tiles whatever the rows: each V row loaded once per tile
-      const T** hv = h == 0 ? vrows : w.head_rows(vrows, n, h * p.kv_stride_head);
-      const float* hs = scores + h * per_head * kChunk;
-      float* ha = acc + h * per_head * D;
+    // register tiles whatever the rows: each V row loaded once per tile of rows
+    auto sum_values = [&](auto hv, const float* hs, float* ha, auto next) {
       if (D == 64)
-        accumulate_tile<64, 4>(hv, n, hs, per_head, ha, buf, !tiled, Ahead<T>{vnext, ahead, h * p.kv_stride_head});
+        accumulate_tile<64, 4>(hv, n, hs, per_head, ha, buf, !tiled, next);
       else if (D == 128)
-        accumulate_tile<128, 2>(hv, n, hs, per_head, ha, buf, !tiled,
-                                Ahead<T>{vnext, ahead, h * p.kv_stride_head});
+        accumulate_tile<128, 2>(hv, n, hs, per_head, ha, buf, !tiled, next);
       else
         accumulate(hv, n, hs, per_head, D, ha, buf);
+    };
+    bool summed = false;
+    if constexpr (tiled && std::is_same<T, bf16>::value) {
+      if (!w.qp.empty()) {  // bf16 dot products (heads == 1, D 64 or 128)
+        uint32_t* vp = reinterpret_cast<uint32_t*>(w.wide.data());  // kChunk x D floats hold kChunk/2 x D pairs
+        pair_values(vrows, n, D, vp);
+        pair_probabilities(scores, group, w.pp.data());
+        if (D == 64)
+          accumulate_pairs<64, 6>(vp, (n + 1) / 2, w.pp.data(), group, acc);
+        else
+          accumulate_pairs<128, 2>(vp, (n + 1) / 2, w.pp.data(), group, acc);
+      } else {  // a prompt's bf16 V rows widened once, not once a tile
+        const float** rows_f = w.wide_rows.data();
+        for (int i = 0; i < n; ++i) rows_f[i] = as_floats(vrows[i], w.wide.data() + i * D, D);
+        sum_values(rows_f, scores, acc, Ahead<float>{});
+      }
+      summed = true;
+    }
+    if (!summed) {
+      for (int h = 0; h < heads; ++h) {
+        const T** hv = h == 0 ? vrows : w.head_rows(vrows, n, h * p.kv_stride_head);
+        sum_values(hv, scores + h * per_head * kChunk, acc + h * per_head * D,
+                   Ahead<T>{vnext, ahead, h * p.kv_stride_head});
+      }
     }
     std::copy(knext, knext + nn, krows);
     std::copy(vnext, vnext + nn, vrows);
@@ -732,8 +877,10 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
 #pragma omp parallel
   {
     // sized for this call: decode-only steps allocate a few rows, or a token's heads taken together
-    Scratch w(std::max(block * group, p.num_heads), D, block * group >= kMinTiledRows,
-              std::is_same<T, bf16>::value && !kBf16Dots);
+    constexpr bool is_bf16 = std::is_same<T, bf16>::value;
+    const bool tiled = block * group >= kMinTiledRows;
+    Scratch w(std::max(block * group, p.num_heads), D, tiled, is_bf16 && (tiled || !kBf16Dots),
+              is_bf16 && tiled && kBf16Tiles && (D == 64 || D == 128));
     // Tasks claimed one ahead, so the one after is known while this one runs (its first keys fetched early).
     int i = claim.fetch_add(1, std::memory_order_relaxed);
     while (i < num_tasks) {
@@ -760,6 +907,7 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
             const int r = j * group + g;
             const T* row = q + t * p.q_stride_token + int64_t(h * group + g) * p.q_stride_head;
             for (int d = 0; d < D; ++d) w.q[r * D + d] = to_float(row[d]) * p.scale;
+            if (!w.qp.empty()) std::memcpy(w.qp.data() + r * D / 2, row, D * sizeof(T));
             w.limit[r] = len - num_q + j0 + j + 1;  // causal: query j0 + j sees this many keys
             w.first[r] = p.sliding_window > 0 ? std::max(0, w.limit[r] - p.sliding_window) : 0;
           }
