@@ -640,8 +640,8 @@ struct Scratch {  // per-thread buffers, allocated once per call
   std::vector<const float*> wide_rows;
   Scratch(int rows, int D, bool tiled, bool widened, bool pairs)
       : q(rows * D), acc(rows * D), scores(rows * kChunk), buf(D), m(rows), l(rows), kt(tiled ? D * kChunk : 0),
-        first(rows), limit(rows), shifted(kChunk), qp(pairs ? rows * D / 2 : 0), pp(pairs ? rows * kChunk / 2 : 0), wide(widened ? kChunk * D : 0),
-        wide_rows(widened ? kChunk : 0) {}
+        first(rows), limit(rows), shifted(kChunk), qp(pairs ? rows * D / 2 : 0), pp(pairs ? rows * kChunk / 2 : 0),
+        wide(widened ? kChunk * D : 0), wide_rows(widened ? kChunk : 0) {}
   // rows[i] + offset for the chunk's n rows (the same positions in another KV head), valid until the next call.
   template <typename T> const T** head_rows(const T* const* rows, int n, int64_t offset) {
     const T** out = reinterpret_cast<const T**>(shifted.data());
