@@ -491,10 +491,63 @@ inline bool transpose_keys(const T* const* krows, int n, int D, float* kt) {
 }
 
 #if defined(__AVX512BF16__)
-// bf16 prompt tiles scored by bf16 dot products (VDPBF16PS: each 32-bit lane sums two products, twice an FMA's):
-// kp (D/2 x kChunk, 32-bit lanes) = the chunk's keys as pairs, kp[p * kChunk + i] = key i's values 2p and 2p + 1,
-// keys past n zero; a key row's 16 pairs are 16 32-bit lanes, so 16 x 16 blocks of them transpose as fp32 ones do.
-constexpr bool kBf16Tiles = true;
+// bf16 by bf16 dot products (VDPBF16PS: each 32-bit lane sums two products, twice an FMA's), the queries kept as
+// bf16 pairs, unscaled (qp: D/2 a row), the scores scaled after their sums.
+constexpr bool kBf16Pairs = true;
+
+// dots_4x4 for bf16: a K vector is 32 of a key's values as they lie in the cache (no widening), summed in pairs.
+PA_WIDE inline void dots_4x4_pairs(const uint32_t* qp, const bf16* const* krows, int D, float scale, float* scores) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (int d = 0; d < D; d += 32) {
+    const __m512bh k0 = (__m512bh)_mm512_loadu_si512(krows[0] + d), k1 = (__m512bh)_mm512_loadu_si512(krows[1] + d),
+                   k2 = (__m512bh)_mm512_loadu_si512(krows[2] + d), k3 = (__m512bh)_mm512_loadu_si512(krows[3] + d);
+    for (int r = 0; r < 4; ++r) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(qp + r * (D / 2) + d / 2);
+      acc[4 * r] = _mm512_dpbf16_ps(acc[4 * r], qv, k0);
+      acc[4 * r + 1] = _mm512_dpbf16_ps(acc[4 * r + 1], qv, k1);
+      acc[4 * r + 2] = _mm512_dpbf16_ps(acc[4 * r + 2], qv, k2);
+      acc[4 * r + 3] = _mm512_dpbf16_ps(acc[4 * r + 3], qv, k3);
+    }
+  }
+  const __m512 sums = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));  // lane 4r + j: row r, key j
+  for (int r = 0; r < 4; ++r) _mm_storeu_ps(scores + r * kChunk, _mm512_extractf32x4_ps(sums, r));
+}
+
+// dots for bf16 keys by bf16 dot products (D a multiple of 32): the same passes, prefetches and reductions.
+PA_WIDE void dots_pairs(const uint32_t* qp, const bf16* const* krows, int n, int rows, int D, float scale,
+                        float* scores, Ahead<bf16> next = {}) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int i0 = 0; i0 < n; i0 += 16) {
+    const int m = std::min(16, n - i0);
+    if (i0 + kAhead < n) prefetch_rows<3>(krows + i0 + kAhead, std::min(16, n - i0 - kAhead), 0, D);
+    if (i0 < next.n) prefetch_rows<2>(next.rows + i0, std::min(16, next.n - i0), next.offset, D);
+    int g = 0;
+    if (m == 16)
+      for (; g + 4 <= rows; g += 4)
+        for (int j = 0; j < 16; j += 4)
+          dots_4x4_pairs(qp + g * (D / 2), krows + i0 + j, D, scale, scores + g * kChunk + i0 + j);
+    for (; g < rows; ++g) {
+      const uint32_t* qg = qp + g * (D / 2);
+      __m512 acc[16];
+      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+      for (int d = 0; d < D; d += 32) {
+        const __m512bh qv = (__m512bh)_mm512_loadu_si512(qg + d / 2);
+        if (m == 16)
+          for (int j = 0; j < 16; ++j)
+            acc[j] = _mm512_dpbf16_ps(acc[j], qv, (__m512bh)_mm512_loadu_si512(krows[i0 + j] + d));
+        else
+          for (int j = 0; j < m; ++j)
+            acc[j] = _mm512_dpbf16_ps(acc[j], qv, (__m512bh)_mm512_loadu_si512(krows[i0 + j] + d));
+      }
+      _mm512_mask_storeu_ps(scores + g * kChunk + i0, (__mmask16)((1u << m) - 1), _mm512_mul_ps(sum16(acc), sc));
+    }
+  }
+}
+
+// Prompt tiles: kp (D/2 x kChunk, 32-bit lanes) = the chunk's keys as pairs, kp[p * kChunk + i] = key i's values
+// 2p and 2p + 1, keys past n zero; a key row's 16 pairs are 16 32-bit lanes, so 16 x 16 blocks of them transpose
+// as fp32 ones do.
 inline void transpose_key_pairs(const bf16* const* krows, int n, int D, uint32_t* kp) {
   for (int i0 = 0; i0 < kChunk; i0 += 16)
     for (int p0 = 0; p0 < D / 2; p0 += 16) {
@@ -554,14 +607,70 @@ inline void pair_values(const bf16* const* vrows, int n, int D, uint32_t* vp) {
     }
 }
 
-inline void pair_probabilities(const float* scores, int rows, uint32_t* pp) {
+// (Keys past n get 0: their slots may hold another chunk's scores, and a pair's second key may be past n.)
+inline void pair_probabilities(const float* scores, int rows, int n, uint32_t* pp) {
   static_assert(kChunk == 64, "two 32-key halves a row");
+  __mmask16 masks[4];
+  for (int j = 0; j < 4; ++j) {
+    const int left = n - 16 * j;
+    masks[j] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+  }
   for (int g = 0; g < rows; ++g)
     for (int h = 0; h < 2; ++h) {
       const float* s = scores + g * kChunk + 32 * h;
-      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + 16), _mm512_loadu_ps(s));
+      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(masks[2 * h + 1], s + 16),
+                                             _mm512_maskz_loadu_ps(masks[2 * h], s));
       _mm512_storeu_si512(pp + g * (kChunk / 2) + 16 * h, (__m512i)v);
     }
+}
+
+// A decode's V side by bf16 dot products: acc[g] += sum_i p[g][i] * v_i over the chunk's n keys for `rows` rows
+// (a head's query group), R rows a pass, each pair of V rows interleaved in registers as it is loaded (a decode's
+// few rows do not repay pair_values' copy); probabilities rounded to bf16 (pp, pair_probabilities). Prefetches as
+// accumulate_tile's: in the first pass, rows kAhead keys ahead (`ahead`) and the next chunk's (`next`).
+template <int D, int R>
+PA_WIDE void accumulate_rows_paired(const bf16* const* vrows, int n, const uint32_t* pp, float* acc, bool first,
+                                    bool ahead, Ahead<bf16> next) {
+  constexpr int V = D / 16;
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  __m512 a[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < V; ++j) a[r][j] = _mm512_loadu_ps(acc + r * D + 16 * j);
+  for (int i = 0; i < n; i += 2) {
+    if (first) {
+      for (int k = i; k < i + 2; ++k) {
+        if (ahead && k + kAhead < n) prefetch_rows<3>(vrows + k + kAhead, 1, 0, D);
+        if (k < next.n) prefetch_rows<2>(next.rows + k, 1, next.offset, D);
+      }
+    }
+    const bf16* v0 = vrows[i];
+    const bf16* v1 = i + 1 < n ? vrows[i + 1] : nullptr;
+    __m512bh vp[V];
+    for (int c = 0; c < D / 32; ++c) {
+      const __m512i x = _mm512_loadu_si512(v0 + 32 * c);
+      const __m512i y = v1 ? _mm512_loadu_si512(v1 + 32 * c) : _mm512_setzero_si512();
+      vp[2 * c] = (__m512bh)_mm512_permutex2var_epi16(x, lo, y);
+      vp[2 * c + 1] = (__m512bh)_mm512_permutex2var_epi16(x, hi, y);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(int(pp[r * (kChunk / 2) + i / 2]));
+      for (int j = 0; j < V; ++j) a[r][j] = _mm512_dpbf16_ps(a[r][j], w, vp[j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < V; ++j) _mm512_storeu_ps(acc + r * D + 16 * j, a[r][j]);
+}
+
+template <int D, int R>
+PA_WIDE void accumulate_paired(const bf16* const* vrows, int n, const uint32_t* pp, int rows, float* acc, bool ahead,
+                               Ahead<bf16> next) {
+  int g = 0;
+  for (; g + R <= rows; g += R)
+    accumulate_rows_paired<D, R>(vrows, n, pp + g * (kChunk / 2), acc + g * D, g == 0, ahead, next);
+  for (; g < rows; ++g)
+    accumulate_rows_paired<D, 1>(vrows, n, pp + g * (kChunk / 2), acc + g * D, g == 0, ahead, next);
 }
 
 // acc[g] += sum_t pp[g][t] . vp[t] over the chunk's `pairs` key pairs, R rows a pass (their R x D sums in registers).
@@ -597,12 +706,14 @@ inline float softmax_chunk16(float* s, int n, float m, float* sum) { return soft
 template <typename T> inline bool transpose_keys(const T* const*, int, int, float*) { return false; }
 #endif
 #if !defined(__AVX512BF16__)
-constexpr bool kBf16Tiles = false;
+constexpr bool kBf16Pairs = false;
+inline void dots_pairs(const uint32_t*, const bf16* const*, int, int, int, float, float*, Ahead<bf16> = {}) {}
 inline void transpose_key_pairs(const bf16* const*, int, int, uint32_t*) {}
 inline void score_tile_bf16(const uint32_t*, const uint32_t*, int, int, float, float*) {}
 inline void pair_values(const bf16* const*, int, int, uint32_t*) {}
-inline void pair_probabilities(const float*, int, uint32_t*) {}
+inline void pair_probabilities(const float*, int, int, uint32_t*) {}
 template <int D, int R> void accumulate_pairs(const uint32_t*, int, const uint32_t*, int, float*) {}
+template <int D, int R> void accumulate_paired(const bf16* const*, int, const uint32_t*, int, float*, bool, Ahead<bf16>) {}
 #endif
 
 // acc[g] += sum_i scores[g][i] * v_i for head size D, R rows per pass so the R x D accumulator stays in
@@ -634,8 +745,8 @@ struct Scratch {  // per-thread buffers, allocated once per call
   std::vector<float> q, acc, scores, buf, m, l, kt;
   std::vector<int> first, limit;
   std::vector<const void*> shifted;  // one chunk's row pointers moved to another KV head
-  std::vector<uint32_t> qp;  // bf16 prompt tiles by bf16 dot products: the rows' queries, unscaled, as bf16 pairs
-  std::vector<uint32_t> pp;  // and their probabilities in pairs of keys (pair_probabilities)
+  std::vector<uint32_t> qp;  // bf16 by bf16 dot products: the rows' queries, unscaled, as bf16 pairs
+  std::vector<uint32_t> pp;  // and a prompt tile's probabilities in pairs of keys (pair_probabilities)
   std::vector<float> wide;  // bf16 rows as fp32: a prompt's chunk of V rows, or keys the dots cannot read
   std::vector<const float*> wide_rows;
   Scratch(int rows, int D, bool tiled, bool widened, bool pairs)
@@ -744,6 +855,12 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
         const T** hk = h == 0 ? krows : w.head_rows(krows, n, h * p.kv_stride_head);
         const int g0 = h * per_head;
         if (vector_dots) {
+          if constexpr (std::is_same<T, bf16>::value)
+            if (!w.qp.empty()) {
+              dots_pairs(w.qp.data() + g0 * (D / 2), hk, n, per_head, D, p.scale, scores + g0 * kChunk,
+                         Ahead<T>{knext, ahead, h * p.kv_stride_head});
+              continue;
+            }
           if constexpr (dots_take_t)
             dots(q + g0 * D, hk, n, per_head, D, scores + g0 * kChunk, Ahead<T>{knext, ahead, h * p.kv_stride_head});
         } else if (wide_dots) {
@@ -787,21 +904,34 @@ void attend(const pa_params& p, int rows, int group_size, int heads, const Seq<T
         accumulate(hv, n, hs, per_head, D, ha, buf);
     };
     bool summed = false;
-    if constexpr (tiled && std::is_same<T, bf16>::value) {
-      if (!w.qp.empty()) {  // bf16 dot products (heads == 1, D 64 or 128)
-        uint32_t* vp = reinterpret_cast<uint32_t*>(w.wide.data());  // kChunk x D floats hold kChunk/2 x D pairs
-        pair_values(vrows, n, D, vp);
-        pair_probabilities(scores, group, w.pp.data());
-        if (D == 64)
-          accumulate_pairs<64, 6>(vp, (n + 1) / 2, w.pp.data(), group, acc);
-        else
-          accumulate_pairs<128, 2>(vp, (n + 1) / 2, w.pp.data(), group, acc);
-      } else {  // a prompt's bf16 V rows widened once, not once a tile
+    if constexpr (std::is_same<T, bf16>::value) {
+      if (!w.qp.empty() && (D == 64 || D == 128)) {  // bf16 dot products
+        pair_probabilities(scores, group, n, w.pp.data());
+        if (tiled) {  // heads == 1: the chunk's V rows interleaved once for the block's many rows
+          uint32_t* vp = reinterpret_cast<uint32_t*>(w.wide.data());  // kChunk x D floats hold kChunk/2 x D pairs
+          pair_values(vrows, n, D, vp);
+          if (D == 64)
+            accumulate_pairs<64, 6>(vp, (n + 1) / 2, w.pp.data(), group, acc);
+          else
+            accumulate_pairs<128, 2>(vp, (n + 1) / 2, w.pp.data(), group, acc);
+        } else {
+          for (int h = 0; h < heads; ++h) {
+            const T** hv = h == 0 ? vrows : w.head_rows(vrows, n, h * p.kv_stride_head);
+            const uint32_t* hp = w.pp.data() + h * per_head * (kChunk / 2);
+            const Ahead<T> next{vnext, ahead, h * p.kv_stride_head};
+            if (D == 64)
+              accumulate_paired<64, 4>(hv, n, hp, per_head, acc + h * per_head * D, true, next);
+            else
+              accumulate_paired<128, 2>(hv, n, hp, per_head, acc + h * per_head * D, true, next);
+          }
+        }
+        summed = true;
+      } else if (tiled) {  // a prompt's bf16 V rows widened once, not once a tile
         const float** rows_f = w.wide_rows.data();
         for (int i = 0; i < n; ++i) rows_f[i] = as_floats(vrows[i], w.wide.data() + i * D, D);
         sum_values(rows_f, scores, acc, Ahead<float>{});
+        summed = true;
       }
-      summed = true;
     }
     if (!summed) {
       for (int h = 0; h < heads; ++h) {
@@ -880,7 +1010,7 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
     constexpr bool is_bf16 = std::is_same<T, bf16>::value;
     const bool tiled = block * group >= kMinTiledRows;
     Scratch w(std::max(block * group, p.num_heads), D, tiled, is_bf16 && (tiled || !kBf16Dots),
-              is_bf16 && tiled && kBf16Tiles && (D == 64 || D == 128));
+              is_bf16 && kBf16Pairs && D % 32 == 0);
     // Tasks claimed one ahead, so the one after is known while this one runs (its first keys fetched early).
     int i = claim.fetch_add(1, std::memory_order_relaxed);
     while (i < num_tasks) {
