@@ -5,8 +5,8 @@
 // keys. Each K/V row read serves every (query, head) row of a block; causal limits (and a sliding window's first
 // keys) mask per row, and chunks wholly before every row's window are not read. Blocks of at
 // least kMinTiledRows rows score a chunk of keys as a small GEMM (the chunk transposed once, keys along the
-// vector lanes, four rows per register tile) instead of one horizontal dot per (row, key); in bf16, where the
-// processor has AVX512-BF16, both of a block's products (scores and values) are bf16 dot products.
+// vector lanes, four rows per register tile) instead of one horizontal dot per (row, key). In bf16, where the
+// processor has AVX512-BF16, scores and V sums (decodes and prompt blocks alike) are bf16 dot products.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -713,7 +713,8 @@ inline void score_tile_bf16(const uint32_t*, const uint32_t*, int, int, float, f
 inline void pair_values(const bf16* const*, int, int, uint32_t*) {}
 inline void pair_probabilities(const float*, int, int, uint32_t*) {}
 template <int D, int R> void accumulate_pairs(const uint32_t*, int, const uint32_t*, int, float*) {}
-template <int D, int R> void accumulate_paired(const bf16* const*, int, const uint32_t*, int, float*, bool, Ahead<bf16>) {}
+template <int D, int R>
+void accumulate_paired(const bf16* const*, int, const uint32_t*, int, float*, bool, Ahead<bf16>) {}
 #endif
 
 // acc[g] += sum_i scores[g][i] * v_i for head size D, R rows per pass so the R x D accumulator stays in
