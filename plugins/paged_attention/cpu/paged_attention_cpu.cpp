@@ -594,10 +594,15 @@ PA_WIDE void score_tile_bf16(const uint32_t* qp, const uint32_t* kp, int rows, i
 // The V side by bf16 dot products too, as torch's bf16 attention multiplies V by probabilities rounded to bf16:
 // vp (kChunk/2 x D, 32-bit lanes) = the chunk's V rows in pairs of keys, vp[t * D + d] = values d of keys 2t and
 // 2t + 1 (a key past n: zero); pp (rows x kChunk/2) = each row's probabilities, rounded to bf16, in the same pairs.
+// Word indices for _mm512_permutex2var_epi16(a, i, b): a[k], b[k] for k < 16 (low), for 16 <= k < 32 (high).
+inline __m512i pair_low() {
+  return _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35,
+                          3, 34, 2, 33, 1, 32, 0);
+}
+inline __m512i pair_high() { return _mm512_add_epi16(pair_low(), _mm512_set1_epi16(16)); }
+
 inline void pair_values(const bf16* const* vrows, int n, int D, uint32_t* vp) {
-  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
-                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);  // a[k], b[k] for k < 16 (hi: 16-31)
-  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  const __m512i lo = pair_low(), hi = pair_high();
   for (int t = 0; 2 * t < n; ++t)
     for (int d0 = 0; d0 < D; d0 += 32) {
       const __m512i a = _mm512_loadu_si512(vrows[2 * t] + d0);
@@ -632,9 +637,7 @@ template <int D, int R>
 PA_WIDE void accumulate_rows_paired(const bf16* const* vrows, int n, const uint32_t* pp, float* acc, bool first,
                                     bool ahead, Ahead<bf16> next) {
   constexpr int V = D / 16;
-  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
-                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  const __m512i lo = pair_low(), hi = pair_high();
   __m512 a[R][V];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < V; ++j) a[r][j] = _mm512_loadu_ps(acc + r * D + 16 * j);
