@@ -112,6 +112,12 @@ struct Ahead {  // the next chunk's rows (one KV head: `offset`), fetched into L
   int64_t offset = 0;
 };
 
+// A 16-key pass's prefetches (the vector dots): its keys kAhead ahead, and as many of the next chunk's rows.
+template <typename T> inline void prefetch_pass(const T* const* krows, int i0, int n, int D, const Ahead<T>& next) {
+  if (i0 + kAhead < n) prefetch_rows<3>(krows + i0 + kAhead, std::min(16, n - i0 - kAhead), 0, D);
+  if (i0 < next.n) prefetch_rows<2>(next.rows + i0, std::min(16, next.n - i0), next.offset, D);
+}
+
 template <typename T>
 struct Seq {  // one sequence's view of the cache for one KV head
   const T* cache;
@@ -201,8 +207,7 @@ template <typename T>
 PA_WIDE void dots(const float* q, const T* const* krows, int n, int rows, int D, float* scores, Ahead<T> next = {}) {
   for (int i0 = 0; i0 < n; i0 += 16) {
     const int m = std::min(16, n - i0);
-    if (i0 + kAhead < n) prefetch_rows<3>(krows + i0 + kAhead, std::min(16, n - i0 - kAhead), 0, D);
-    if (i0 < next.n) prefetch_rows<2>(next.rows + i0, std::min(16, next.n - i0), next.offset, D);
+    prefetch_pass(krows, i0, n, D, next);
     int g = 0;
     if (m == 16)
       for (; g + 4 <= rows; g += 4)
@@ -520,8 +525,7 @@ PA_WIDE void dots_pairs(const uint32_t* qp, const bf16* const* krows, int n, int
   const __m512 sc = _mm512_set1_ps(scale);
   for (int i0 = 0; i0 < n; i0 += 16) {
     const int m = std::min(16, n - i0);
-    if (i0 + kAhead < n) prefetch_rows<3>(krows + i0 + kAhead, std::min(16, n - i0 - kAhead), 0, D);
-    if (i0 < next.n) prefetch_rows<2>(next.rows + i0, std::min(16, next.n - i0), next.offset, D);
+    prefetch_pass(krows, i0, n, D, next);
     int g = 0;
     if (m == 16)
       for (; g + 4 <= rows; g += 4)
