@@ -595,9 +595,6 @@ PA_WIDE void score_tile_bf16(const uint32_t* qp, const uint32_t* kp, int rows, i
   if (g < rows) score_rows_bf16<1>(qp + g * P, kp, P, scale, scores + g * kChunk);
 }
 
-// The V side by bf16 dot products too, as torch's bf16 attention multiplies V by probabilities rounded to bf16:
-// vp (kChunk/2 x D, 32-bit lanes) = the chunk's V rows in pairs of keys, vp[t * D + d] = values d of keys 2t and
-// 2t + 1 (a key past n: zero); pp (rows x kChunk/2) = each row's probabilities, rounded to bf16, in the same pairs.
 // Word indices for _mm512_permutex2var_epi16(a, i, b): a[k], b[k] for k < 16 (low), for 16 <= k < 32 (high).
 inline __m512i pair_low() {
   return _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35,
@@ -605,6 +602,9 @@ inline __m512i pair_low() {
 }
 inline __m512i pair_high() { return _mm512_add_epi16(pair_low(), _mm512_set1_epi16(16)); }
 
+// The V side by bf16 dot products too, as torch's bf16 attention multiplies V by probabilities rounded to bf16:
+// vp (kChunk/2 x D, 32-bit lanes) = the chunk's V rows in pairs of keys, vp[t * D + d] = values d of keys 2t and
+// 2t + 1 (a key past n: zero); pp (rows x kChunk/2) = each row's probabilities, rounded to bf16, in the same pairs.
 inline void pair_values(const bf16* const* vrows, int n, int D, uint32_t* vp) {
   const __m512i lo = pair_low(), hi = pair_high();
   for (int t = 0; 2 * t < n; ++t)
@@ -754,7 +754,7 @@ struct Scratch {  // per-thread buffers, allocated once per call
   std::vector<int> first, limit;
   std::vector<const void*> shifted;  // one chunk's row pointers moved to another KV head
   std::vector<uint32_t> qp;  // bf16 by bf16 dot products: the rows' queries, unscaled, as bf16 pairs
-  std::vector<uint32_t> pp;  // and a prompt tile's probabilities in pairs of keys (pair_probabilities)
+  std::vector<uint32_t> pp;  // and their probabilities, rounded to bf16, in pairs of keys (pair_probabilities)
   std::vector<float> wide;  // bf16 rows as fp32: a prompt's chunk of V rows, or keys the dots cannot read
   std::vector<const float*> wide_rows;
   Scratch(int rows, int D, bool tiled, bool widened, bool pairs)
