@@ -84,12 +84,18 @@ def pack(lib: ctypes.CDLL, weight_t: torch.Tensor) -> torch.Tensor:
 def gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None,
          out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) fp32 with unit column stride -> x @ W + bias, (M, n), into `out` (contiguous (M, n)) if given."""
+    return _call(lib.sg_gemm_f32, "skinny GEMM", torch.float32, x, packed, n, bias, out)
+
+
+def _call(fn, what: str, dtype: torch.dtype, x: torch.Tensor, packed: torch.Tensor, n: int,
+          bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+    """One GEMM entry point of the library (its shared signature) on x's rows, into `out` or a new (M, n) tensor."""
     m, k = x.shape
-    y = torch.empty(m, n, dtype=torch.float32) if out is None else out
-    status = lib.sg_gemm_f32(x.data_ptr(), m, k, x.stride(0), packed.data_ptr(), n,
-                             None if bias is None else bias.data_ptr(), y.data_ptr())
+    y = torch.empty(m, n, dtype=dtype) if out is None else out
+    status = fn(x.data_ptr(), m, k, x.stride(0), packed.data_ptr(), n, None if bias is None else bias.data_ptr(),
+                y.data_ptr())
     if status != SG_OK:
-        raise RuntimeError(f"skinny GEMM failed with status {status}")
+        raise RuntimeError(f"{what} failed with status {status}")
     return y
 
 
@@ -154,10 +160,4 @@ def bf16_pack(lib: ctypes.CDLL, weight_t: torch.Tensor) -> torch.Tensor:
 def bf16_gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) bf16 with unit column stride -> x @ W + bias (bias: fp32), (M, n) bf16, into `out` if given."""
-    m, k = x.shape
-    y = torch.empty(m, n, dtype=torch.bfloat16) if out is None else out
-    status = lib.sg_bf16_gemm(x.data_ptr(), m, k, x.stride(0), packed.data_ptr(), n,
-                              None if bias is None else bias.data_ptr(), y.data_ptr())
-    if status != SG_OK:
-        raise RuntimeError(f"bf16 GEMM failed with status {status}")
-    return y
+    return _call(lib.sg_bf16_gemm, "bf16 GEMM", torch.bfloat16, x, packed, n, bias, out)
