@@ -15,6 +15,7 @@ and `--baseline-lib` apply to `--prefill` too (`--shape 16 4 64`: the large benc
 `--layers N` (decode tables): N caches, one a layer, each timing one call per layer in turn, so every call reads
 its K and V from memory as in a model's step (the caches together larger than the last-level cache), against the
 read bandwidth (a large tensor's sum) as well as the copy bandwidth.
+`--kv-pages small`: the decode caches in torch's own allocations instead of the engine's pool mappings.
 `--mixed QxC+B`: a fused step, B decodes over C keys each and that prompt chunk last, timed as one call and as
 the chunk and the decodes in two calls: a mixed call should cost no more than the two.
 
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inflight_backend.attention import NativePagedAttention, TorchPagedAttention, load_library  # noqa: E402
 from inflight_backend.attention.base import AttentionMetadata  # noqa: E402
 from inflight_backend.attention.random_batch import random_batch  # noqa: E402
+from inflight_backend.runners import kv_pool  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 8, 2, 64, 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,8 +52,8 @@ def decode_batch(batch: int, context: int, seed: int = 0, device: str = "cpu", d
     rng.shuffle(physical)
     tables = [physical[i * per_seq:(i + 1) * per_seq] for i in range(batch)]
     shape = (batch * per_seq, BLOCK_SIZE, kv_heads, head_size)
-    k_cache = torch.randn(shape, device=device, dtype=dtype)
-    v_cache = torch.randn(shape, device=device, dtype=dtype)
+    k_cache, v_cache = (_pool(shape, dtype, device).copy_(torch.randn(shape, device=device, dtype=dtype))
+                        for _ in range(2))
     q = torch.randn(batch, heads, head_size, device=device, dtype=dtype)
     meta = AttentionMetadata(
         slot_mapping=torch.zeros(0, dtype=torch.int64, device=device),
@@ -60,6 +62,17 @@ def decode_batch(batch: int, context: int, seed: int = 0, device: str = "cpu", d
         query_start_loc_tensor=torch.arange(batch + 1, dtype=torch.int32, device=device),
         context_lens_tensor=torch.full((batch,), context, dtype=torch.int32, device=device))
     return q, k_cache, v_cache, meta
+
+
+def _pool(shape, dtype, device) -> torch.Tensor:
+    """A cache tensor as the engine's KV pool allocates it (runners/kv_pool.py), or with --kv-pages small as
+    torch does."""
+    if SMALL_PAGES:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return kv_pool.zeros(shape, dtype, torch.device(device))
+
+
+SMALL_PAGES = False
 
 
 def prefill_chunk(num_queries: int, context: int, seed: int = 0, device: str = "cpu", dtype=torch.float32,
@@ -217,10 +230,15 @@ def main() -> None:
                         help="decode tables: back-to-back calls per timing (on a GPU, 20 or so hide the launch)")
     parser.add_argument("--layers", type=int, default=1,
                         help="decode tables: one cache a layer, each timing one call per layer (cold caches)")
+    parser.add_argument("--kv-pages", choices=["pool", "small"], default="pool",
+                        help="decode tables: caches in the engine's pool mappings (2 MiB pages where Linux has "
+                             "them, runners/kv_pool.py) or in torch's own allocations (4 KiB pages)")
     parser.add_argument("--baseline-lib", type=Path, metavar="SO",
                         help="decode and prefill tables: another build of the kernel library (an older "
                              "commit's), timed beside this one in the same run")
     args = parser.parse_args()
+    global SMALL_PAGES
+    SMALL_PAGES = args.kv_pages == "small"
     lib = load_library(args.device)
     if lib is None:
         sys.exit(f"the {args.device} kernel library is missing: run `make native` first")

@@ -8,6 +8,7 @@ from ..checkpoint import load_model
 from ..models import device_kernels
 from ..scheduler import SchedulerOutput
 from .base import ModelRunner
+from . import kv_pool
 from .cuda_graphs import DecodeGraphs
 from .step_inputs import StepInputs
 
@@ -32,8 +33,7 @@ class TorchRunner(ModelRunner):
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+        self.kv_caches = [(kv_pool.zeros(shape, self.dtype, self.device), kv_pool.zeros(shape, self.dtype, self.device))
                           for _ in range(cfg.num_hidden_layers)]
         self.graphs = None
         if cuda_graphs:
