@@ -16,7 +16,8 @@ the first is the baseline of the ratios), with each layer's weights read from me
 copies of the layer, more than `--ring-mb` in all, each call taking the next copy, the chunk sizes alternating ring
 pass by ring pass. `--stream-ahead A B ...`: the same for how far ahead of its loads (bytes) a GEMM of at most 6 rows
 fetches the weights (`skinny_gemm.stream_ahead`; 0: the next chunk, as with more rows). `--dtype bfloat16`: a bf16
-model's layers, torch's bf16 GEMM against the bf16 GEMM (bf16_gemm.h), weights read from memory the same way.
+model's layers, torch's bf16 GEMM (or with `--baseline-lib` the older build's bf16 GEMM) against the bf16 GEMM
+(bf16_gemm.h), weights read from memory the same way.
 """
 from __future__ import annotations
 
@@ -132,30 +133,45 @@ def compare_settings(lib, args) -> None:
 
 
 def compare_bf16(lib, args) -> None:
-    """A bfloat16 model's layers: torch's bf16 GEMM on input-major weights (the `torch` layout) against the bf16 GEMM
-    on packed panels, each call taking the next of a ring of copies of the layer (more than `args.ring_mb` MB:
-    weights read from memory, as in a step), the two alternating ring pass by ring pass."""
+    """A bfloat16 model's layers: torch's bf16 GEMM on input-major weights (the `torch` layout), or with
+    `args.baseline_lib` that build's bf16 GEMM, against this build's bf16 GEMM on packed panels, each call taking the
+    next of a ring of copies of the layer (more than `args.ring_mb` MB: weights read from memory, as in a step), the
+    two alternating ring pass by ring pass."""
+    old = None
+    if args.baseline_lib is not None:
+        old = skinny_gemm.load_library(args.baseline_lib.resolve())
+        if old is None or not skinny_gemm.bf16_available(old):
+            raise SystemExit(f"{args.baseline_lib} is missing or has no bf16 GEMM")
     if not skinny_gemm.bf16_available(lib):
         raise SystemExit("no bf16 GEMM here: the processor has no AVX512-BF16")
+    before = "torch input-major" if old is None else "baseline bf16"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; bf16; best of {args.repeat} ring passes; "
-          f"ms per call, weights from memory (rings of > {args.ring_mb} MB)")
-    print("| layer (K x N) | rows | torch input-major | native bf16 | speed-up | native GFLOP/s |\n"
+          f"ms per call, weights from memory (rings of > {args.ring_mb} MB)"
+          + ("" if old is None else f"; baseline {args.baseline_lib}"))
+    print(f"| layer (K x N) | rows | {before} | native bf16 | speed-up | native GFLOP/s |\n"
           "|---|---:|---:|---:|---:|---:|")
     for name, (k, n) in layer_shapes(args.checkpoint).items():
         weight_t = torch.randn(k, n).to(torch.bfloat16)
         copies = max(2, -(-args.ring_mb * 2**20 // (k * n * 2)))
-        torch_ring = [weight_t.clone() for _ in range(copies)]
+        before_ring = [weight_t.clone() if old is None else skinny_gemm.bf16_pack(old, weight_t)
+                       for _ in range(copies)]
         native_ring = [skinny_gemm.bf16_pack(lib, weight_t) for _ in range(copies)]
         for rows in args.rows:
             x = torch.randn(rows, k).to(torch.bfloat16)
             torch.testing.assert_close(skinny_gemm.bf16_gemm(lib, x, native_ring[0], n, None), x @ weight_t,
                                        atol=0.1, rtol=0.02)
-            ms = [t / copies for t in best_ms(lambda: [x @ w for w in torch_ring],
+            if old is None:
+                baseline = lambda: [x @ w for w in before_ring]  # noqa: E731
+            else:
+                torch.testing.assert_close(skinny_gemm.bf16_gemm(old, x, before_ring[0], n, None), x @ weight_t,
+                                           atol=0.1, rtol=0.02)
+                baseline = lambda: [skinny_gemm.bf16_gemm(old, x, p, n, None) for p in before_ring]  # noqa: E731
+            ms = [t / copies for t in best_ms(baseline,
                                               lambda: [skinny_gemm.bf16_gemm(lib, x, p, n, None) for p in native_ring],
                                               repeat=args.repeat, calls=1)]
             print(f"| {name} ({k} x {n}) | {rows} | {ms[0]:.3f} | {ms[1]:.3f} | {ms[0] / ms[1]:.2f}x | "
                   f"{2 * rows * k * n / ms[1] / 1e6:.0f} |", flush=True)
-        torch_ring.clear(), native_ring.clear()  # (freed before the next layer's rings)
+        before_ring.clear(), native_ring.clear()  # (freed before the next layer's rings)
 
 
 def main(argv=None) -> None:
@@ -174,13 +190,15 @@ def main(argv=None) -> None:
     parser.add_argument("--ring-mb", type=int, default=1024,
                         help="with --chunk-rows, --stream-ahead or --dtype bfloat16: each layer's ring of copies")
     args = parser.parse_args(argv)
+    if args.dtype == "bfloat16" and (args.chunk_rows or args.stream_ahead):
+        parser.error("--chunk-rows and --stream-ahead set the float32 GEMM's walk; not with --dtype bfloat16")
     lib = skinny_gemm.load_library()
     if lib is None:
         raise SystemExit("build/lib/libinflight_sgemm_cpu.so is missing or built without AVX-512: `make native`")
-    if args.baseline_lib is not None:
-        return compare_builds(lib, args)
     if args.dtype == "bfloat16":
         return compare_bf16(lib, args)
+    if args.baseline_lib is not None:
+        return compare_builds(lib, args)
     if args.chunk_rows or args.stream_ahead:
         return compare_settings(lib, args)
     shapes = layer_shapes(args.checkpoint)

@@ -237,6 +237,26 @@ def test_skinny_gemm_builds_comparison_times_the_gemm_the_engine_calls(tiny_mode
     assert [int(cells[1]) for cells in table] == rows * 5
 
 
+def test_skinny_gemm_bf16_comparison_times_the_baseline_builds_bf16_gemm(tiny_model, capsys):
+    """`skinny_gemm.py --dtype bfloat16 --baseline-lib`: the older build's bf16 GEMM in place of torch's, each
+    checked against torch before it is timed; the float32 walk's settings are refused beside --dtype bfloat16."""
+    from benchmarks import skinny_gemm as bench
+    from inflight_backend.models import skinny_gemm
+
+    lib = skinny_gemm.load_library()
+    if not skinny_gemm.bf16_available(lib):
+        pytest.skip("no AVX512-BF16 on this processor (or the library is not built): no bf16 GEMM to compare")
+    path = skinny_gemm.LIB_DIR / "libinflight_sgemm_cpu.so"
+    args = argparse.Namespace(checkpoint=tiny_model, rows=[1, 7], repeat=1, baseline_lib=path, ring_mb=1)
+    bench.compare_bf16(lib, args)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "| baseline bf16 | native bf16 |" in lines[1]
+    table = [line.strip("|").split("|") for line in lines[3:]]
+    assert [int(cells[1]) for cells in table] == [1, 7] * 5  # q/o, k/v, gate/up, down, LM head
+    with pytest.raises(SystemExit):
+        bench.main(["--checkpoint", tiny_model, "--dtype", "bfloat16", "--chunk-rows", "128"])
+
+
 def test_admission_order_benchmark_admits_the_longest_output_first_when_asked(tiny_model):
     """benchmarks/admission_order.py compares first come first served with longest output first through request
     priorities; one sequence at a time, each order shows in the order requests finish."""

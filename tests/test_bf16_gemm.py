@@ -48,6 +48,17 @@ def test_bf16_linear_is_the_rounded_sum(lib, bias, rows, in_features, out_featur
     check_rounded_sums(got, x, linear.weight, None if linear.bias is None else linear.bias.float())
 
 
+@pytest.mark.parametrize("rows", [319, 640])
+def test_bf16_gemm_over_panels_past_l2_takes_longer_slabs(lib, rows):
+    """Panels over 1 MiB (K = 1,024: 318-row slabs, bf16_panels.h's kSlabBytes): a slab and one more row, and two
+    slabs and a short one."""
+    torch.manual_seed(rows)
+    weight_t = torch.randn(1024, 600).to(torch.bfloat16)  # 10 tiles, the last partial: 1.2 MiB of panels
+    x = torch.randn(rows, 1024).to(torch.bfloat16)
+    got = skinny_gemm.bf16_gemm(lib, x, skinny_gemm.bf16_pack(lib, weight_t), 600, None)
+    check_rounded_sums(got, x, weight_t.t(), None)
+
+
 @pytest.mark.parametrize("extra", [1, 8])
 def test_bf16_gemm_reads_rows_with_any_stride(lib, extra):
     """x rows from a wider tensor: an odd row stride is copied into pairs, an even one read in place."""

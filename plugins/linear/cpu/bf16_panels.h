@@ -27,6 +27,11 @@ namespace inflight::bf16 {
 constexpr int64_t kTile = 64;
 constexpr int kRows = 6;
 constexpr int64_t kSlab = 96;  // rows of x per pass over all tiles (as the skinny GEMM's: they stay in L2)
+// Where the panels exceed kHeldBytes (so each slab reads them from memory again), slabs as long as fit in
+// kSlabBytes beside a tile's panel in L2 (K = 1,024: 318 rows, K = 2,752: 114): 0.95-0.98x the time at 160-2,048
+// rows on the Zen 4 EPYC, weights from memory. Smaller panels stay in L2 across kSlab slabs, and longer slabs
+// would evict them (K x N = 1,024 x 256 at 2,048 rows: 1.12x the time).
+constexpr int64_t kSlabBytes = 640 << 10, kHeldBytes = 1 << 20;
 
 inline int64_t pairs(int64_t K) { return (K + 1) / 2; }
 inline int64_t packed_size(int64_t K, int64_t N) { return (N + kTile - 1) / kTile * pairs(K) * 2 * kTile; }
@@ -102,7 +107,8 @@ GS_TARGET void row_block(const uint32_t* xp, int64_t ldp, int64_t P, const uint1
 }
 
 // y (M, N contiguous) = (bias or 0) + x . w for x's bf16 pairs (M rows of P, row stride ldp) and w's panels:
-// slabs of kSlab rows, each over every tile (claimed_ranges.h), each tile's row blocks over its whole panel.
+// slabs of rows (kSlab, kSlabBytes), each over every tile (claimed_ranges.h), each tile's row blocks over its
+// whole panel.
 // `ahead`: sg_stream_ahead's distance, taken where a slab is one row block.
 template <typename Out>
 GS_TARGET void walk(const uint32_t* xp, int64_t ldp, int64_t M, int64_t P, const uint16_t* packed, int64_t N,
@@ -112,8 +118,10 @@ GS_TARGET void walk(const uint32_t* xp, int64_t ldp, int64_t M, int64_t P, const
   static constexpr Fn kBlocks[kRows + 1] = {nullptr, row_block<1, Out>, row_block<2, Out>, row_block<3, Out>,
                                             row_block<4, Out>, row_block<5, Out>, row_block<6, Out>};
   const int64_t tiles = (N + kTile - 1) / kTile, panel_values = P * 2 * kTile, lines = panel_values * 2 / 64;
-  for (int64_t s0 = 0; s0 < M; s0 += kSlab) {
-    const RowSplit split(M - s0 < kSlab ? M - s0 : kSlab, kRows);
+  const int64_t fit = kSlabBytes / (P * 4) / kRows * kRows;
+  const int64_t slab = fit > kSlab && tiles * panel_values * 2 > kHeldBytes ? fit : kSlab;
+  for (int64_t s0 = 0; s0 < M; s0 += slab) {
+    const RowSplit split(M - s0 < slab ? M - s0 : slab, kRows);
     const int64_t blocks = split.blocks, stream = blocks == 1 ? ahead : 0;
     const int per = (int)((lines + blocks * P - 1) / (blocks * P));
     ClaimedRanges work(tiles, omp_get_max_threads());
