@@ -132,6 +132,16 @@ def compare_settings(lib, args) -> None:
         skinny_gemm.stream_ahead(lib, ahead)
 
 
+def bf16_ring_call(library, ring: list[torch.Tensor], x: torch.Tensor, weight_t: torch.Tensor):
+    """A call of `library`'s bf16 GEMM on every packed weight of `ring` in turn (torch's `x @ w` on each weight where
+    `library` is None), first checked against torch."""
+    n = weight_t.shape[1]
+    if library is None:
+        return lambda: [x @ w for w in ring]
+    torch.testing.assert_close(skinny_gemm.bf16_gemm(library, x, ring[0], n, None), x @ weight_t, atol=0.1, rtol=0.02)
+    return lambda: [skinny_gemm.bf16_gemm(library, x, p, n, None) for p in ring]
+
+
 def compare_bf16(lib, args) -> None:
     """A bfloat16 model's layers: torch's bf16 GEMM on input-major weights (the `torch` layout), or with
     `args.baseline_lib` that build's bf16 GEMM, against this build's bf16 GEMM on packed panels, each call taking the
@@ -158,17 +168,9 @@ def compare_bf16(lib, args) -> None:
         native_ring = [skinny_gemm.bf16_pack(lib, weight_t) for _ in range(copies)]
         for rows in args.rows:
             x = torch.randn(rows, k).to(torch.bfloat16)
-            torch.testing.assert_close(skinny_gemm.bf16_gemm(lib, x, native_ring[0], n, None), x @ weight_t,
-                                       atol=0.1, rtol=0.02)
-            if old is None:
-                baseline = lambda: [x @ w for w in before_ring]  # noqa: E731
-            else:
-                torch.testing.assert_close(skinny_gemm.bf16_gemm(old, x, before_ring[0], n, None), x @ weight_t,
-                                           atol=0.1, rtol=0.02)
-                baseline = lambda: [skinny_gemm.bf16_gemm(old, x, p, n, None) for p in before_ring]  # noqa: E731
-            ms = [t / copies for t in best_ms(baseline,
-                                              lambda: [skinny_gemm.bf16_gemm(lib, x, p, n, None) for p in native_ring],
-                                              repeat=args.repeat, calls=1)]
+            calls = [bf16_ring_call(library, ring, x, weight_t)
+                     for library, ring in ((old, before_ring), (lib, native_ring))]
+            ms = [t / copies for t in best_ms(*calls, repeat=args.repeat, calls=1)]
             print(f"| {name} ({k} x {n}) | {rows} | {ms[0]:.3f} | {ms[1]:.3f} | {ms[0] / ms[1]:.2f}x | "
                   f"{2 * rows * k * n / ms[1] / 1e6:.0f} |", flush=True)
         before_ring.clear(), native_ring.clear()  # (freed before the next layer's rings)

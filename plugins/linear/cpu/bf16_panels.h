@@ -28,7 +28,7 @@ constexpr int64_t kTile = 64;
 constexpr int kRows = 6;
 constexpr int64_t kSlab = 96;  // rows of x per pass over all tiles (as the skinny GEMM's: they stay in L2)
 // Where the panels exceed kHeldBytes (so each slab reads them from memory again), slabs as long as fit in
-// kSlabBytes beside a tile's panel in L2 (K = 1,024: 318 rows, K = 2,752: 114): 0.95-0.98x the time at 160-2,048
+// kSlabBytes beside a tile's panel in L2 (K = 1,024: 318 rows, K = 2,752: 114): 0.96-0.98x the time at 256-2,048
 // rows on the Zen 4 EPYC, weights from memory. Smaller panels stay in L2 across kSlab slabs, and longer slabs
 // would evict them (K x N = 1,024 x 256 at 2,048 rows: 1.12x the time).
 constexpr int64_t kSlabBytes = 640 << 10, kHeldBytes = 1 << 20;
