@@ -7,10 +7,10 @@
 Targets: `engine:POLICY[+chunked][+noreuse]` (in-process), `triton:POLICY[+chunked][+noreuse]` (a real
 tritonserver, gRPC streaming); `+noreuse` turns prefix caching (`enable_kv_cache_reuse`) off, `+cacheaware`
 admits longest cached prefix first (`cache_aware_admission_ms` 1000), `+noamx` keeps prefill GEMMs off AMX
-(`amx_gemm: off`), `+noscreen` computes every LM head in fp32 (`greedy_screen: off`);
-`+chunkedN` sets that target's token budget to N instead of --chunked-max-num-tokens, `+chunkedNcapC` also caps
-one request's prompt tokens per step at C (`max_chunk_tokens`); `+stepMS` (with `+chunked...`, whose budget is then
-the ceiling) sizes each step's budget to run in MS milliseconds (`step_time_target_ms`);
+(`amx_gemm: off`), `+noscreen` computes every LM head whole (`greedy_screen: off`: in fp32, or a bf16 model's
+in bf16); `+chunkedN` sets that target's token budget to N instead of --chunked-max-num-tokens, `+chunkedNcapC`
+also caps one request's prompt tokens per step at C (`max_chunk_tokens`); `+stepMS` (with `+chunked...`, whose
+budget is then the ceiling) sizes each step's budget to run in MS milliseconds (`step_time_target_ms`);
 `hf:static` (transformers `generate`, static batches), `hf:batch` (transformers' continuous batching);
 the peers `vllm:x[+chunkedN][+noreuse]` (N: its --max-num-batched-tokens with chunked prefill; `+noreuse`: its
 prefix caching off, which poisson runs need: each rate sends the same prompts again) and `llamacpp:x`

@@ -32,7 +32,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # native kernels when built, else the torch reference
     linear_backend: str = "auto"  # CPU linear layers: native skinny GEMM (fp32, AVX-512 or AVX2) when built, else torch
     amx_gemm: str = "auto"  # native layout: prefill-sized GEMMs through AMX (bf16x6, fp32 accuracy) where available
-    greedy_screen: str = "auto"  # native layout: all-greedy steps' LM head screened in bf16, then exact (AVX512-BF16)
+    greedy_screen: str = "auto"  # native layout: all-greedy steps' LM head screened (fp32 in bf16, bf16 in int8)
     block_size: int = 16
     num_kv_blocks: int = 512  # KV pool size in blocks; 0 sizes it to fit every sequence at full context
     max_batch_size: int = 64  # running sequences per iteration

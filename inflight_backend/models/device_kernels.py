@@ -29,8 +29,7 @@ def place(model: LlamaForCausalLM, device: str, linear_backend: str = "auto",
         model.greedy_screen = greedy_screen_module.build(sgemm, head_weight, model.lm_head, greedy_screen)
         del head_weight
         if model.greedy_screen is not None:
-            widened = greedy_screen_module.path(sgemm) == greedy_screen_module.WIDENED
-            model.linear_layout += ", greedy steps' LM head screened in bf16" + (" (AVX2, widened)" if widened else "")
+            model.linear_layout += f", greedy steps' LM head screened in {model.greedy_screen.label}"
         ops = cpu_ops.load_library()
         if isinstance(model.lm_head, (PackedLinear, PackedBf16Linear)) and ops is not None:  # contiguous outputs
             cpu_ops.convert_cpu_ops(model, ops)

@@ -18,7 +18,7 @@ from torch import nn
 from ..attention import AttentionBackend, AttentionMetadata
 
 if TYPE_CHECKING:
-    from .greedy_screen import GreedyScreen
+    from .greedy_screen import HeadScreen
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,7 +341,7 @@ class LlamaForCausalLM(nn.Module):
         self.linear_layout = "torch (nn.Linear)"  # what models/device_kernels.py chose
         self.load_report = ""  # what loading took (checkpoint.py)
         self.decoder_stack: Callable | None = None  # the layers in one native call (models/decoder_stack.py)
-        self.greedy_screen: GreedyScreen | None = None  # greedy steps' LM head in bf16 (models/greedy_screen.py)
+        self.greedy_screen: HeadScreen | None = None  # greedy steps' LM head, screened (models/greedy_screen.py)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list,
                 meta: AttentionMetadata, sample_indices: torch.Tensor, screen: bool = False) -> torch.Tensor:

@@ -11,6 +11,7 @@
 
 #include "bf16_panels.h"
 #include "claimed_ranges.h"
+#include "logit_rows.h"
 #include "row_split.h"
 #include "skinny_gemm.h"
 
@@ -121,55 +122,6 @@ void screen_rows_avx2(const float* x, int64_t M, int64_t K, int64_t ldx, const u
 
 #endif  // GS_BUILD
 
-// The row's largest value (NaN if it holds one) and the columns at or above `threshold` or NaN: scans over a
-// logits row, 16 lanes at a time where the screen runs.
-#ifdef GS_BUILD
-GS_TARGET float row_max_512(const float* y, int64_t N) {
-  __m512 top = _mm512_set1_ps(-INFINITY);
-  __mmask16 nan = 0;
-  int64_t j = 0;
-  for (; j + 16 <= N; j += 16) {
-    const __m512 v = _mm512_loadu_ps(y + j);
-    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    top = _mm512_maskz_max_ps((__mmask16)0xFFFF, top, v);
-  }
-  float lanes[16], m = -INFINITY;
-  _mm512_storeu_ps(lanes, top);
-  for (float v : lanes) m = v > m ? v : m;
-  for (; j < N; ++j) m = y[j] > m || y[j] != y[j] ? y[j] : m;
-  return nan ? NAN : m;
-}
-
-GS_TARGET void at_or_above_512(const float* y, int64_t N, float threshold, std::vector<int32_t>* cols) {
-  const __m512 t = _mm512_set1_ps(threshold);
-  int64_t j = 0;
-  for (; j + 16 <= N; j += 16) {
-    const __m512 v = _mm512_loadu_ps(y + j);
-    for (unsigned m = _mm512_cmp_ps_mask(v, t, _CMP_NLT_UQ); m; m &= m - 1)  // >=, or NaN
-      cols->push_back((int32_t)(j + __builtin_ctz(m)));
-  }
-  for (; j < N; ++j)
-    if (!(y[j] < threshold)) cols->push_back((int32_t)j);
-}
-#endif
-
-float row_max(const float* y, int64_t N) {
-#ifdef GS_BUILD
-  if (gs_available() == 2) return row_max_512(y, N);
-#endif
-  float m = -INFINITY;
-  for (int64_t j = 0; j < N; ++j) m = y[j] > m || y[j] != y[j] ? y[j] : m;
-  return m;
-}
-
-void at_or_above(const float* y, int64_t N, float threshold, std::vector<int32_t>* cols) {
-#ifdef GS_BUILD
-  if (gs_available() == 2) return at_or_above_512(y, N, threshold, cols);
-#endif
-  for (int64_t j = 0; j < N; ++j)
-    if (!(y[j] < threshold)) cols->push_back((int32_t)j);
-}
-
 }  // namespace
 
 namespace {
@@ -269,7 +221,7 @@ extern "C" int64_t gs_refine(const float* x, int64_t M, int64_t K, int64_t ldx, 
     float* yi = y + i * N;
     RowNorms r;
     if (!row_norms(xi, K, norms, &r)) continue;  // gs_screen computed this row in fp32
-    const float top = row_max(yi, N);
+    const float top = inflight::logits::row_max(yi, N);
     if (!isfinite(top)) continue;  // every token masked, or a NaN or inf the caller put there: left as it is
     // Candidates: approx_j >= top - 2B, compared in double (exact for fp32 values) against a threshold rounded
     // down to a float.
@@ -277,7 +229,7 @@ extern "C" int64_t gs_refine(const float* x, int64_t M, int64_t K, int64_t ldx, 
     float threshold = (float)below;
     if ((double)threshold > below) threshold = nextafterf(threshold, -INFINITY);
     std::vector<int32_t> cols;
-    at_or_above(yi, N, threshold, &cols);
+    inflight::logits::at_or_above(yi, N, threshold, &cols);
     std::vector<float> exact(cols.size());
     if (sg_dot_columns(xi, K, packed_f32, N, cols.data(), (int64_t)cols.size(), exact.data()) != SG_OK) {
       failed += 1;
