@@ -173,6 +173,15 @@ def test_bf16_engine_screens_greedy_steps_in_int8_and_gives_the_same_tokens(lib,
     assert screened.blocks.num_free_blocks == screened.blocks.num_blocks
 
 
+def test_screen_stops_where_it_recomputes_too_many_logits(lib, tiny_model):
+    screened, plain = engine(tiny_model, "on"), engine(tiny_model, "off")
+    screen = screened.runner.model.greedy_screen
+    screen.most_per_row = 0.5  # every refine recomputes one logit a row at least: the first step is the last
+    requests = {"a": ([1, 5, 9, 2], SamplingParams(max_tokens=6)), "b": ([4, 4], SamplingParams(max_tokens=6))}
+    assert generate(screened, requests) == generate(plain, requests)
+    assert not screen.worthwhile and 2 <= screen.recomputed < 2 * screened.runner.vocab_size // 4
+
+
 def test_screen_on_for_a_bf16_model_needs_the_native_gemm(lib, tiny_model):
     with pytest.raises(RuntimeError, match="greedy_screen: on needs, for a bfloat16 model"):
         InflightEngine(EngineConfig(checkpoint=tiny_model, dtype="bfloat16", num_kv_blocks=64,

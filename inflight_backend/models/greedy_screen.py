@@ -188,9 +188,10 @@ class Int8Screen(HeadScreen):
         if weight.stride(1) != 1:
             weight = weight.contiguous()
         vocab, hidden = weight.shape
-        # A recomputed logit reads its row (hidden bf16 values, contiguous, from memory): at vocab / 128 a row the
-        # refine costs about a quarter of the screen.
-        super().__init__(lib, vocab, hidden, vocab / 128)
+        # A recomputed logit reads its row (hidden bf16 values, contiguous, from memory): on the large bench head
+        # at 32 rows ~50 a row cost 0.6 ms beside the screen's 3.1 and the bf16 GEMM's 5.7; past vocab / 256 (125
+        # there) screen and refine would take about as long as the GEMM.
+        super().__init__(lib, vocab, hidden, vocab / 256)
         self.rows = weight
         self.packed = torch.empty(lib.gq_packed_size(hidden, vocab), dtype=torch.int8)
         self.scales = torch.empty(vocab, dtype=torch.float32)

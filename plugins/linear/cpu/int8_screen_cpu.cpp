@@ -146,8 +146,9 @@ GQ_TARGET void walk(const uint32_t* xq, int64_t M, int64_t Q, const float* a, co
                       const float*, const int32_t*, float*, const char*, int64_t, int64_t, int, int64_t);
   static constexpr Fn kBlocks[kRows + 1] = {nullptr, row_block<1, false>, row_block<2, false>, row_block<3, false>,
                                             row_block<4, false>, row_block<5, false>, row_block<6, false>};
+  // (5 and 6 streamed rows spill accumulators under GCC 12: those take the next-tile prefetch)
   static constexpr Fn kStreamed[kRows + 1] = {nullptr, row_block<1, true>, row_block<2, true>, row_block<3, true>,
-                                              row_block<4, true>, row_block<5, true>, row_block<6, true>};
+                                              row_block<4, true>, row_block<5, false>, row_block<6, false>};
   const int64_t tiles = (N + kTile - 1) / kTile, panel_bytes = Q * 4 * kTile, lines = panel_bytes / 64;
   for (int64_t s0 = 0; s0 < M; s0 += kSlab) {
     const inflight::RowSplit split(M - s0 < kSlab ? M - s0 : kSlab, kRows);
