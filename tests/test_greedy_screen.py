@@ -43,13 +43,13 @@ def head(lib, weight: torch.Tensor):
     return packed, greedy_screen.GreedyScreen(lib, linear.weight, packed.packed)
 
 
-def check_rows(screened: torch.Tensor, fp32: torch.Tensor) -> None:
-    """Each row's argmax and its value as the fp32 head's; every other entry below the row's fp32 maximum or
-    equal to the fp32 value."""
-    assert torch.equal(screened.argmax(dim=1), fp32.argmax(dim=1))
-    top = fp32.max(dim=1, keepdim=True).values
+def check_rows(screened: torch.Tensor, exact: torch.Tensor) -> None:
+    """Each row's argmax and its value as the whole head's (`exact`); every other entry below the row's maximum
+    or equal to the head's value."""
+    assert torch.equal(screened.argmax(dim=1), exact.argmax(dim=1))
+    top = exact.max(dim=1, keepdim=True).values
     assert torch.equal(screened.max(dim=1, keepdim=True).values, top)
-    assert torch.all((screened < top) | (screened == fp32))
+    assert torch.all((screened < top) | (screened == exact))
 
 
 def test_sg_dot_columns_is_bitwise_the_gemm(sgemm):
@@ -156,9 +156,9 @@ def test_screen_refuses_a_non_finite_weight_and_a_stray_refine(lib):
         screen.refine(torch.zeros(1, 20))
 
 
-def engine(path: str, screen: str) -> InflightEngine:
-    return InflightEngine(EngineConfig(checkpoint=path, num_kv_blocks=256, max_batch_size=8, max_num_tokens=256,
-                                       greedy_screen=screen))
+def engine(path: str, screen: str, dtype: str = "auto") -> InflightEngine:
+    return InflightEngine(EngineConfig(checkpoint=path, dtype=dtype, num_kv_blocks=256, max_batch_size=8,
+                                       max_num_tokens=256, greedy_screen=screen))
 
 
 def generate(eng: InflightEngine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[int]]:
@@ -193,13 +193,18 @@ def test_engine_screens_greedy_steps_only_and_gives_the_same_tokens(lib, tiny_mo
     assert screened.blocks.num_free_blocks == screened.blocks.num_blocks
 
 
-def test_screen_stops_where_it_recomputes_too_many_logits(lib, tiny_model):
-    screened, plain = engine(tiny_model, "on"), engine(tiny_model, "off")
+def check_stops(screened: InflightEngine, plain: InflightEngine, share: int) -> None:
+    """A screen asked to stop past half a logit a row stops after its first step, the tokens unchanged; that
+    refine recomputed under 1/`share` of the vocabulary a row."""
     screen = screened.runner.model.greedy_screen
     screen.most_per_row = 0.5  # every refine recomputes one logit a row at least: the first step is the last
     requests = {"a": ([1, 5, 9, 2], SamplingParams(max_tokens=6)), "b": ([4, 4], SamplingParams(max_tokens=6))}
     assert generate(screened, requests) == generate(plain, requests)
-    assert not screen.worthwhile and 2 <= screen.recomputed < 2 * screened.runner.vocab_size // 10
+    assert not screen.worthwhile and 2 <= screen.recomputed < 2 * screened.runner.vocab_size // share
+
+
+def test_screen_stops_where_it_recomputes_too_many_logits(lib, tiny_model):
+    check_stops(engine(tiny_model, "on"), engine(tiny_model, "off"), 10)
 
 
 def test_greedy_screen_setting_is_checked(sgemm, tiny_model):

@@ -11,6 +11,7 @@ from inflight_backend.engine import InflightEngine
 from inflight_backend.models import greedy_screen, skinny_gemm
 from inflight_backend.models.cpu_layout import PackedBf16Linear
 from inflight_backend.request import SamplingParams
+from tests.test_greedy_screen import check_rows, check_stops, engine, generate
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +29,6 @@ def head(lib, weight: torch.Tensor):
     linear.weight.data.copy_(weight)
     packed = PackedBf16Linear(linear, lib)
     return packed, greedy_screen.Int8Screen(lib, linear.weight, packed.packed)
-
-
-def check_rows(screened: torch.Tensor, exact: torch.Tensor) -> None:
-    """Each row's argmax and its value as the bf16 head's; every other entry below the row's maximum or equal to
-    the head's value."""
-    assert torch.equal(screened.argmax(dim=1), exact.argmax(dim=1))
-    top = exact.max(dim=1, keepdim=True).values
-    assert torch.equal(screened.max(dim=1, keepdim=True).values, top)
-    assert torch.all((screened < top) | (screened == exact))
 
 
 # Rows: one, a partial row block, several (7 and 40); hidden sizes odd (a half pair, a partial quad) and even;
@@ -136,30 +128,14 @@ def test_screen_refuses_a_non_finite_weight_and_a_stray_refine(lib):
         screen.refine(torch.zeros(1, 20))
 
 
-def engine(path: str, screen: str) -> InflightEngine:
-    return InflightEngine(EngineConfig(checkpoint=path, dtype="bfloat16", num_kv_blocks=256, max_batch_size=8,
-                                       max_num_tokens=256, greedy_screen=screen))
-
-
-def generate(eng: InflightEngine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[int]]:
-    out = {rid: [] for rid in requests}
-    for rid, (ids, params) in requests.items():
-        eng.add_request(rid, ids, params)
-    while eng.has_unfinished():
-        for o in eng.step():
-            assert o.error is None, o.error
-            out[o.req_id] += o.token_ids
-    return out
-
-
 @pytest.mark.parametrize("checkpoint", ["tiny_model", "tied_model"])
 def test_bf16_engine_screens_greedy_steps_in_int8_and_gives_the_same_tokens(lib, checkpoint, request):
     path = request.getfixturevalue(checkpoint)
-    screened, plain = engine(path, "on"), engine(path, "off")
+    screened, plain = engine(path, "on", "bfloat16"), engine(path, "off", "bfloat16")
     screen = screened.runner.model.greedy_screen
     assert isinstance(screen, greedy_screen.Int8Screen) and plain.runner.model.greedy_screen is None
     assert "screened in int8" in screened.runner.describe()
-    assert isinstance(engine(path, "auto").runner.model.greedy_screen, greedy_screen.Int8Screen)
+    assert isinstance(engine(path, "auto", "bfloat16").runner.model.greedy_screen, greedy_screen.Int8Screen)
     greedy = {"a": ([1, 5, 9, 2], SamplingParams(max_tokens=12, min_tokens=12)),  # end ids masked throughout
               "b": ([7, 7, 3], SamplingParams(max_tokens=9, bad_token_seqs=((4,), (8, 9)))),
               "c": ([11] * 20, SamplingParams(max_tokens=15))}
@@ -174,12 +150,7 @@ def test_bf16_engine_screens_greedy_steps_in_int8_and_gives_the_same_tokens(lib,
 
 
 def test_screen_stops_where_it_recomputes_too_many_logits(lib, tiny_model):
-    screened, plain = engine(tiny_model, "on"), engine(tiny_model, "off")
-    screen = screened.runner.model.greedy_screen
-    screen.most_per_row = 0.5  # every refine recomputes one logit a row at least: the first step is the last
-    requests = {"a": ([1, 5, 9, 2], SamplingParams(max_tokens=6)), "b": ([4, 4], SamplingParams(max_tokens=6))}
-    assert generate(screened, requests) == generate(plain, requests)
-    assert not screen.worthwhile and 2 <= screen.recomputed < 2 * screened.runner.vocab_size // 4
+    check_stops(engine(tiny_model, "on", "bfloat16"), engine(tiny_model, "off", "bfloat16"), 4)
 
 
 def test_screen_on_for_a_bf16_model_needs_the_native_gemm(lib, tiny_model):
