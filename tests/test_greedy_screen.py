@@ -90,7 +90,11 @@ def test_screen_is_the_same_for_every_prefetch_plan(lib, rows):
     (skinny_gemm.stream_ahead): the screened logits are the same bits either way."""
     torch.manual_seed(rows)
     _, screen = head(lib, torch.randn(300, 64) * 0.05)
-    x = torch.randn(rows, 64)
+    check_prefetch_plans(lib, screen, torch.randn(rows, 64))
+
+
+def check_prefetch_plans(lib, screen, x: torch.Tensor) -> None:
+    """The screen's logits of x with the stream-ahead fetch off and at its chosen distance: the same bits."""
     chosen = skinny_gemm.stream_ahead(lib)
     try:
         outs = [(skinny_gemm.stream_ahead(lib, ahead), screen.screen(x))[1] for ahead in (0, chosen)]
@@ -117,19 +121,24 @@ def test_near_and_exact_ties_resolve_as_in_fp32(lib):
     check_rows(approx, fp32)
 
 
+def check_masks(exact: torch.Tensor, approx: torch.Tensor, screen) -> None:
+    """Six rows: each row's three best approximate logits masked (as the rules would) before refine, and the
+    last row all masked; the refined rows' argmax is the masked head's, the all-masked row stays so."""
+    banned = approx.topk(3, dim=1).indices
+    approx.scatter_(1, banned, float("-inf"))
+    exact.scatter_(1, banned, float("-inf"))
+    approx[5] = float("-inf")
+    exact[5] = float("-inf")
+    screen.refine(approx)
+    check_rows(approx[:5], exact[:5])
+    assert torch.all(approx[5] == float("-inf"))
+
+
 def test_masks_before_refine_are_respected(lib):
     torch.manual_seed(2)
     fp32_head, screen = head(lib, torch.randn(500, 64) * 0.05)
     x = torch.randn(6, 64)
-    fp32, approx = fp32_head(x), screen.screen(x)
-    banned = approx.topk(3, dim=1).indices  # the screen's three best of every row, masked as the rules would
-    approx.scatter_(1, banned, float("-inf"))
-    fp32.scatter_(1, banned, float("-inf"))
-    approx[5] = float("-inf")  # a row with every token masked stays so
-    fp32[5] = float("-inf")
-    screen.refine(approx)
-    check_rows(approx[:5], fp32[:5])
-    assert torch.all(approx[5] == float("-inf"))
+    check_masks(fp32_head(x), screen.screen(x), screen)
 
 
 def test_rows_it_cannot_bound_are_the_fp32_heads_whole(lib):

@@ -11,7 +11,7 @@ from inflight_backend.engine import InflightEngine
 from inflight_backend.models import greedy_screen, skinny_gemm
 from inflight_backend.models.cpu_layout import PackedBf16Linear
 from inflight_backend.request import SamplingParams
-from tests.test_greedy_screen import check_rows, check_stops, engine, generate
+from tests.test_greedy_screen import check_masks, check_prefetch_plans, check_rows, check_stops, engine, generate
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +51,13 @@ def test_screen_is_within_its_bound_and_refine_gives_the_bf16_heads_argmax(lib, 
     assert rows <= screen.recomputed - before < rows * vocab // 4  # the argmax at least, a share of the rest at most
 
 
-@pytest.mark.parametrize("rows", [1, 6, 7])
+@pytest.mark.parametrize("rows", [1, 4, 6, 7])
 def test_screen_is_the_same_for_every_prefetch_plan(lib, rows):
-    """One row block streams the panels a distance ahead of its loads, more fetch the next tile
-    (skinny_gemm.stream_ahead): the screened logits are the same bits either way."""
+    """One row block of up to 4 rows streams the panels a distance ahead of its loads, others fetch the next
+    tile (skinny_gemm.stream_ahead): the screened logits are the same bits either way."""
     torch.manual_seed(rows)
     _, screen = head(lib, (torch.randn(300, 64) * 0.05).to(torch.bfloat16))
-    x = torch.randn(rows, 64).to(torch.bfloat16)
-    chosen = skinny_gemm.stream_ahead(lib)
-    try:
-        outs = [(skinny_gemm.stream_ahead(lib, ahead), screen.screen(x))[1] for ahead in (0, chosen)]
-    finally:
-        skinny_gemm.stream_ahead(lib, chosen)
-    assert torch.equal(outs[0], outs[1])
+    check_prefetch_plans(lib, screen, torch.randn(rows, 64).to(torch.bfloat16))
 
 
 def test_near_and_exact_ties_resolve_as_in_bf16(lib):
@@ -90,15 +84,7 @@ def test_masks_before_refine_are_respected(lib):
     torch.manual_seed(2)
     bf16_head, screen = head(lib, (torch.randn(500, 64) * 0.05).to(torch.bfloat16))
     x = torch.randn(6, 64).to(torch.bfloat16)
-    exact, approx = bf16_head(x).float(), screen.screen(x)
-    banned = approx.topk(3, dim=1).indices  # the screen's three best of every row, masked as the rules would
-    approx.scatter_(1, banned, float("-inf"))
-    exact.scatter_(1, banned, float("-inf"))
-    approx[5] = float("-inf")  # a row with every token masked stays so
-    exact[5] = float("-inf")
-    screen.refine(approx)
-    check_rows(approx[:5], exact[:5])
-    assert torch.all(approx[5] == float("-inf"))
+    check_masks(bf16_head(x).float(), screen.screen(x), screen)
 
 
 def test_rows_it_cannot_bound_are_the_bf16_heads_whole(lib):
