@@ -1,7 +1,7 @@
 """The LM head alone: the whole head against its greedy screen (screen + refine), on a checkpoint's own hidden rows.
 
     .venv/bin/python benchmarks/head_screen.py --checkpoint build/models/bench-large [--dtype float32|bfloat16]
-                                               [--rows 1 8 32] [--calls 30] [--repeat 3]
+                                               [--rows 1 8 32] [--calls 30] [--repeat 3] [--steps 12]
 
 The rows are the model's: the final norm's outputs of greedy decode steps over random prompts (an engine runs
 them and keeps what the screen was given), so the screen's candidate counts are this checkpoint's, not a random
@@ -10,6 +10,10 @@ matrix's. For each row count the whole head (fp32 skinny GEMM, or the bf16 GEMM 
 round, weights read from memory (a 256 MiB buffer is swept before each call); each figure is the median over
 --repeat rounds of the rounds' medians. Also: the logits a refine recomputed a row, and whether every row's argmax
 and its logit equal the whole head's.
+
+--steps N: then whole decode steps at each row count (that many sequences at 250 tokens of context): two engines
+in one process, one screening and one not (`greedy_screen: on` / `off`), N rounds of 5 steps each in turn; the
+medians of the rounds' step times.
 """
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=0)
     args = parser.parse_args()
 
     engine = InflightEngine(EngineConfig(checkpoint=args.checkpoint, dtype=args.dtype, num_kv_blocks=1024,
@@ -98,6 +103,38 @@ def main() -> None:
         rounds = [(timed(whole, x), timed(screened, x)) for _ in range(args.repeat)]
         a, b = statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds)
         print(f"| {count} | {a:.3f} | {b:.3f} | {a / b:.2f} | {recomputed:.1f} | {'equal' if same else 'DIFFER'} |")
+    if args.steps:
+        del engine, model, screen, rows
+        decode_steps(args)
+
+
+def decode_steps(args) -> None:
+    """Decode steps with and without the screen, two engines interleaved in one process (--steps)."""
+    print("| sequences | screened step (ms) | whole-head step (ms) | whole / screened |")
+    print("|---:|---:|---:|---:|")
+    for count in args.rows:
+        engines = {}
+        for mode in ("on", "off"):
+            engine = InflightEngine(EngineConfig(checkpoint=args.checkpoint, dtype=args.dtype, num_kv_blocks=4096,
+                                                 max_batch_size=max(args.rows), max_num_tokens=8192,
+                                                 greedy_screen=mode))
+            rng = random.Random(args.seed + count)
+            for i in range(count):
+                engine.add_request(str(i), [rng.randrange(3, engine.runner.vocab_size) for _ in range(250)],
+                                   SamplingParams(max_tokens=10 * args.steps + 8, min_tokens=10 * args.steps + 8))
+            for _ in range(4):  # the prompts, then warm decode steps
+                engine.step()
+            engines[mode] = engine
+        times: dict[str, list[float]] = {"on": [], "off": []}
+        for _ in range(args.steps):
+            for mode, engine in engines.items():
+                start = time.perf_counter()
+                for _ in range(5):
+                    engine.step()
+                times[mode].append((time.perf_counter() - start) / 5 * 1e3)
+        on, off = statistics.median(times["on"]), statistics.median(times["off"])
+        print(f"| {count} | {on:.2f} | {off:.2f} | {off / on:.2f} |")
+        del engines
 
 
 if __name__ == "__main__":
