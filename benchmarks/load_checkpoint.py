@@ -8,7 +8,8 @@ MLP 8192, vocabulary 128,256, tied embeddings, Llama 3 rope scaling; 1.24B param
 weights in 4 shards, as Meta ships it (bfloat16). Then each (dtype, linear backend) loads it in a fresh process,
 which samples its own anonymous memory every millisecond (the memory-mapped shards' page cache is not a copy):
 the figure that matters is the peak over the bytes of the parameters the model holds at the end (with the LM head's
-greedy screen, its bf16 copy too; 1.0: the weights alone; holding the checkpoint twice, as a whole-file load and its
+greedy screen, its copies too: an fp32 head's bf16 copy; a bf16 head's int8 copy, and an untied one's rows; 1.0:
+the weights alone; holding the checkpoint twice, as a whole-file load and its
 cast would, is 2.0 and more). On the CPU the tied lm_head gets its own input-major copy, so the parameters are the
 checkpoint's weights plus one embedding-sized matrix. A bfloat16 load keeps the embedding table as read from the
 mapped shard (file pages, not anonymous memory).
@@ -63,9 +64,11 @@ model = place(load_model(sys.argv[1], make_backend("torch", torch.device("cpu"))
               sys.argv[3], greedy_screen=sys.argv[4])
 stop.set()
 thread.join()
-screen = model.greedy_screen  # its bf16 copy of the LM head is held too
-print(peak[0] - base, sum(p.numel() * p.element_size() for p in model.parameters())
-      + (screen.packed.numel() * screen.packed.element_size() if screen is not None else 0))
+params = list(model.parameters())
+own = {p.untyped_storage().data_ptr() for p in params}
+screen = model.greedy_screen  # its copies of the LM head are held too (not the model's own tensors it points at)
+extra = [] if screen is None else [t for t in screen.tensors() if t.untyped_storage().data_ptr() not in own]
+print(peak[0] - base, sum(t.numel() * t.element_size() for t in params + extra))
 print(model.load_report)
 print(model.linear_layout)
 """
@@ -121,7 +124,7 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--linear-backends", nargs="+", default=["auto"])
     parser.add_argument("--greedy-screen", default="auto", choices=["auto", "on", "off"],
-                        help="the LM head's bf16 screen (greedy_screen); its copy counts as held")
+                        help="the LM head's greedy screen (greedy_screen); its copies count as held")
     args = parser.parse_args()
     path = Path(args.checkpoint)
     if not (path / "config.json").exists():

@@ -121,6 +121,10 @@ class HeadScreen:
         if x.shape[0]:
             self._per_row += 0.125 * (count / x.shape[0] - self._per_row)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the screen holds (some may be the model's own: the head's panels, a tied embedding)."""
+        raise NotImplementedError
+
     @property
     def worthwhile(self) -> bool:
         """Whether screening still pays: False once refines recompute more than `most_per_row` logits a row on
@@ -157,6 +161,9 @@ class GreedyScreen(HeadScreen):
                        self.packed.data_ptr(), self.norms.data_ptr()) != skinny_gemm.SG_OK:
             raise ValueError("greedy_screen: the LM head's weight has a non-finite value")
         self.packed_f32 = packed_f32
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.packed, self.norms, self.packed_f32]
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         return x.reshape(-1, self.in_features).float().contiguous()
@@ -212,6 +219,9 @@ class Int8Screen(HeadScreen):
         status = self._lib.gq_bounds(x_row.data_ptr(), self.in_features, self.norms.data_ptr(),
                                      self.col_norms.data_ptr(), self.out_features, largest, out.data_ptr())
         return out if status == skinny_gemm.SG_OK else None
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.packed, self.scales, self.sums, self.norms, self.col_norms, self.rows, self.packed_bf16]
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         return x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
