@@ -231,9 +231,10 @@ GQ_TARGET void exact_columns(const uint32_t* xp, int64_t K, const uint16_t* rows
 
 // The columns whose logit could be the row's largest: with LB = max_j (A_j - B_j), a lower bound of the largest
 // exact logit, every n with A_n + B_n >= LB (or NaN); the others' exact logits are below LB. In fp32, with a
-// margin for the two passes' roundings (each within 2^-24 of |A| + B).
-GQ_TARGET void candidates(const float* y, int64_t N, const Bound& b, const float* col_norms, const double* norms,
-                          std::vector<int32_t>* cols) {
+// margin for the two passes' roundings (each within 2^-24 of |A| + B). L: the row's largest finite |A_j|, as the
+// bound took it.
+GQ_TARGET void candidates(const float* y, int64_t N, double L, const Bound& b, const float* col_norms,
+                          const double* norms, std::vector<int32_t>* cols) {
   const __m512 c = _mm512_set1_ps(b.c), alpha = _mm512_set1_ps(b.alpha), beta = _mm512_set1_ps(b.beta);
   const float* ndw = col_norms;
   const float* nq = col_norms + N;
@@ -244,13 +245,13 @@ GQ_TARGET void candidates(const float* y, int64_t N, const Bound& b, const float
   };
   for (; j + 16 <= N; j += 16) {
     const __m512 bj = bound_at(j);
-    lower = _mm512_max_ps(lower, _mm512_sub_ps(_mm512_loadu_ps(y + j), bj));  // (a NaN A_j: lower stays)
+    lower = _mm512_max_ps(lower, _mm512_sub_ps(_mm512_loadu_ps(y + j), bj));  // (no NaN: gq_refine skips those rows)
   }
   float lanes[16], lb = -INFINITY;
   _mm512_storeu_ps(lanes, lower);
   for (float v : lanes) lb = v > lb ? v : lb;
   for (int64_t t = j; t < N; ++t) lb = y[t] - b.at(ndw[t], nq[t]) > lb ? y[t] - b.at(ndw[t], nq[t]) : lb;
-  const double largest = inflight::logits::largest_finite(y, N) + b.at((float)norms[2], (float)norms[1]);
+  const double largest = L + b.at((float)norms[2], (float)norms[1]);
   const float threshold = (float)((double)lb - ldexp(largest, -20) - ldexp(1.0, -100));
   const __m512 t = _mm512_set1_ps(threshold);
   for (j = 0; j + 16 <= N; j += 16) {
@@ -389,7 +390,8 @@ extern "C" int64_t gq_refine(const uint16_t* x, int64_t M, int64_t K, int64_t ld
     const float top = inflight::logits::row_max(yi, N);
     if (!isfinite(top)) continue;  // every token masked, or a NaN or inf the caller put there: left as it is
     std::vector<int32_t> cols;
-    candidates(yi, N, bound(K, r, norms, inflight::logits::largest_finite(yi, N)), col_norms, norms, &cols);
+    const double L = inflight::logits::largest_finite(yi, N);
+    candidates(yi, N, L, bound(K, r, norms, L), col_norms, norms, &cols);
     std::vector<uint32_t> xp(P);
     for (int64_t p = 0; p < P; ++p) xp[p] = xi[2 * p] | (2 * p + 1 < K ? (uint32_t)xi[2 * p + 1] << 16 : 0u);
     std::vector<float> exact(cols.size());
