@@ -102,7 +102,9 @@ def test_soak(server, oracle_cases, expected, seed):
     threads = [threading.Thread(target=run_one, args=(url, r, out)) for r, out in zip(requests, results)]
     for t in threads:
         t.start()
-    await_tokens_on_every_stream(killed, NUM_KILLED)
+    # With 36 streams running on 2 cores, one killed stream can get its first token after another has run all
+    # its 300 (CI saw it once): a stream that ended before the kill counts as started.
+    await_tokens_on_every_stream(killed, NUM_KILLED, final_ok=True)
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait()
     for t in threads:
