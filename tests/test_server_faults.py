@@ -144,9 +144,11 @@ def test_a_killed_client_stops_its_requests(server):
     client = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, url(server), str(n), str(max_tokens)],
                               stdout=subprocess.PIPE, cwd=os.path.dirname(os.path.dirname(__file__)),
                               env={**os.environ, "KILLED_CLIENT_MODEL": model})
-    await_tokens_on_every_stream(client, n)  # all n requests are in (and running: they fit the pool together)
-    os.kill(client.pid, signal.SIGKILL)
-    client.wait()
+    try:
+        await_tokens_on_every_stream(client, n)  # all n requests are in (and running: they fit the pool together)
+    finally:
+        os.kill(client.pid, signal.SIGKILL)
+        client.wait()
     wait_until_ended(port, model, before, n)  # a missed cancellation runs its LONG_STREAM tokens
     after = {r: metric(port, "inflight_requests_finished_total", model, reason=r) for r in REASONS}
     assert sum(after.values()) - sum(before.values()) == n

@@ -104,9 +104,11 @@ def test_soak(server, oracle_cases, expected, seed):
         t.start()
     # With 36 streams running on 2 cores, one killed stream can get its first token after another has run all
     # its 300 (CI saw it once): a stream that ended before the kill counts as started.
-    await_tokens_on_every_stream(killed, NUM_KILLED, final_ok=True)
-    os.kill(killed.pid, signal.SIGKILL)
-    killed.wait()
+    try:
+        await_tokens_on_every_stream(killed, NUM_KILLED, final_ok=True)
+    finally:  # killed even when the wait fails: its open streams would hold the model past the server's exit
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait()
     for t in threads:
         t.join()
 
