@@ -9,7 +9,15 @@ import json
 import threading
 import time
 
-from benchmarks.targets import grpc_input
+
+def grpc_input(name: str, array, kind: str):
+    """A tritonclient gRPC input holding `array` (Triton type name `kind`). Defined here, not imported from the
+    measured tree: with --baseline, `benchmarks` is the older commit's package, which may not have it."""
+    import tritonclient.grpc as grpcclient
+
+    t = grpcclient.InferInput(name, list(array.shape), kind)
+    t.set_data_from_numpy(array)
+    return t
 
 
 def grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: int, ready, start,

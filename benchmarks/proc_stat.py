@@ -20,3 +20,9 @@ def stat(pid: int, tid: int | None = None) -> tuple[int, float]:
     except OSError:
         return 0, 0.0
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def server_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the tritonserver process `pid` and of its stub processes."""
+    children = [(parent, cpu) for parent, cpu in map(stat, pids()) if parent == pid]
+    return {"tritonserver": stat(pid)[1], "stub": sum(cpu for _, cpu in children)}

@@ -44,12 +44,12 @@ from pathlib import Path
 ROOT = Path(os.environ.get("SERVING_CEILING_TREE") or Path(__file__).resolve().parent.parent)
 sys.path.insert(0, str(ROOT))
 
-# The clients are this script's (harness, not backend): imported from beside it even when ROOT is a baseline tree,
-# by a top-level name that the spawned client processes find on the sys.path they inherit.
+# The clients and the /proc reader are this script's (harness, not backend): imported from beside it even when ROOT
+# is a baseline tree, by top-level names that the spawned client processes find on the sys.path they inherit.
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from ceiling_clients import grpc_client, http_client  # noqa: E402
-from benchmarks.targets import server_cpu  # noqa: E402
+from proc_stat import server_cpu  # noqa: E402
 from inflight_backend.block_manager import blocks_for  # noqa: E402
 from inflight_backend.config import EngineConfig  # noqa: E402
 from inflight_backend.engine import InflightEngine  # noqa: E402
@@ -124,12 +124,12 @@ def through_triton(server, transport: str, streams: int, prompt_len: int, output
     ready.wait(timeout=300)
     model = "bench_batched" if transport == "grpc-batched" else "bench"
     calls_before = _executions(server, model)
-    before = server_cpu(server)
+    before = server_cpu(server.process.pid)
     t0 = time.perf_counter()
     start.set()
     outs = [results.get(timeout=900) for _ in procs]
     wall = max(o["end"] for o in outs) - t0
-    after = server_cpu(server)
+    after = server_cpu(server.process.pid)
     executions = _executions(server, model) - calls_before
     for p in procs:
         p.join()

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import proc_stat
+from benchmarks.ceiling_clients import grpc_input
 from benchmarks.records import RequestRecord
 from benchmarks.workload import WorkItem
 from inflight_backend import gc_tuning
@@ -235,7 +236,7 @@ class TritonTarget:
 
     def _cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) so far of tritonserver, of the model's stub process, and of this client."""
-        return {**server_cpu(self.server), "client": time.process_time()}
+        return {**proc_stat.server_cpu(self.server.process.pid), "client": time.process_time()}
 
     def _phase_seconds(self) -> dict[str, float]:
         from inflight_backend.server import read_metrics
@@ -243,13 +244,6 @@ class TritonTarget:
         values = read_metrics(self.server.metrics_port)
         return {dict(labels)["phase"]: v for (name, labels), v in values.items()
                 if name == "inflight_step_seconds_total"}
-
-
-def server_cpu(server) -> dict[str, float]:
-    """CPU seconds (user + system) so far of a TritonServer's tritonserver and of its stub processes."""
-    pid = server.process.pid
-    stubs = [stat for stat in map(proc_stat.stat, proc_stat.pids()) if stat[0] == pid]
-    return {"tritonserver": proc_stat.stat(pid)[1], "stub": sum(cpu for _, cpu in stubs)}
 
 
 def _stream_inputs(prompt_ids: list[int], n: int, forced: bool, sampling: tuple[float, float] = (0.0, 1.0)) -> list:
@@ -264,15 +258,6 @@ def _stream_inputs(prompt_ids: list[int], n: int, forced: bool, sampling: tuple[
         inputs += [grpc_input(name, np.array([value], dtype=np.float32), "FP32")
                    for name, value in zip(("temperature", "top_p"), sampling)]
     return inputs + [grpc_input("min_tokens", limit, "INT32")] if forced else inputs
-
-
-def grpc_input(name: str, array, kind: str):
-    """A tritonclient gRPC input holding `array` (Triton type name `kind`)."""
-    import tritonclient.grpc as grpcclient
-
-    t = grpcclient.InferInput(name, list(array.shape), kind)
-    t.set_data_from_numpy(array)
-    return t
 
 
 class HFStaticTarget:
