@@ -11,6 +11,7 @@
 
 #include "bf16_panels.h"
 #include "claimed_ranges.h"
+#include "parallel_work.h"
 #include "logit_rows.h"
 #include "row_split.h"
 #include "skinny_gemm.h"
@@ -109,7 +110,7 @@ void screen_rows_avx2(const float* x, int64_t M, int64_t K, int64_t ldx, const u
   const int64_t tiles = (N + kTile - 1) / kTile, panel_values = pairs(K) * 2 * kTile;
   const inflight::RowSplit split(M, kRowsAvx2);
   inflight::ClaimedRanges work(tiles, omp_get_max_threads());
-#pragma omp parallel
+#pragma omp parallel if (inflight::worth_threads(M * K * N))
   for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;)
     for (int64_t q = 0; q < kTile / 16 && t * kTile + 16 * q < N; ++q)
       for (int64_t b = 0, m0 = 0; b < split.blocks; ++b) {
@@ -215,7 +216,7 @@ extern "C" int64_t gs_refine(const float* x, int64_t M, int64_t K, int64_t ldx, 
   if (M < 0 || K <= 0 || N <= 0 || ldx < K || N > INT32_MAX) return -SG_ERR_SHAPE;
   int64_t total = 0;
   int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(+ : total, failed)
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : total, failed) if (M > 1 && inflight::refine_worth_threads(M, K, N))
   for (int64_t i = 0; i < M; ++i) {
     const float* xi = x + i * ldx;
     float* yi = y + i * N;

@@ -11,6 +11,7 @@
 #include "bf16_gemm.h"
 #include "bf16_panels.h"
 #include "claimed_ranges.h"
+#include "parallel_work.h"
 #include "logit_rows.h"
 #include "row_split.h"
 #include "skinny_gemm.h"
@@ -155,7 +156,7 @@ GQ_TARGET void walk(const uint32_t* xq, int64_t M, int64_t Q, const float* a, co
     const int per = (int)((lines + split.blocks * Q - 1) / (split.blocks * Q));
     const int64_t stream = split.blocks == 1 ? ahead : 0;
     inflight::ClaimedRanges work(tiles, omp_get_max_threads());
-#pragma omp parallel
+#pragma omp parallel if (inflight::worth_threads((M - s0 < kSlab ? M - s0 : kSlab) * Q * 4 * N))
     for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;) {
       const int8_t* panel = packed + t * panel_bytes;
       const char* next = t + 1 < tiles ? reinterpret_cast<const char*>(panel + panel_bytes) : nullptr;
@@ -381,7 +382,7 @@ extern "C" int64_t gq_refine(const uint16_t* x, int64_t M, int64_t K, int64_t ld
   if (!gq_available()) return -SG_ERR_UNSUPPORTED;
   const int64_t P = inflight::bf16::pairs(K);
   int64_t total = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(+ : total)
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : total) if (M > 1 && inflight::refine_worth_threads(M, K, N))
   for (int64_t i = 0; i < M; ++i) {
     const uint16_t* xi = x + i * ldx;
     float* yi = y + i * N;

@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "claimed_ranges.h"
+#include "parallel_work.h"
 #include "row_split.h"
 
 namespace {
@@ -248,7 +249,7 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
   for (int64_t s0 = 0; s0 < M; s0 += kSlab) {
     const int64_t s1 = M - s0 < kSlab ? M : s0 + kSlab;
     inflight::ClaimedRanges work(tiles, omp_get_max_threads());  // (why: see the AVX2 walk below)
-#pragma omp parallel
+#pragma omp parallel if (inflight::worth_threads((s1 - s0) * K * N))
     for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;) {
       const int64_t n0 = t * SG_TILE;
       __mmask16 masks[4];
@@ -369,7 +370,7 @@ extern "C" int sg_gemm_f32(const float* x, int64_t M, int64_t K, int64_t ldx, co
     // that wakes every 2 ms for 0.2 ms: 32 rows 86-135 ms static, 86-87 guided (whose first claim is half the
     // tiles); its layers at 32 rows, mean of 400 calls, 2-5% shorter claimed than guided; quiet, the same.
     inflight::ClaimedRanges work(tiles, omp_get_max_threads());
-#pragma omp parallel
+#pragma omp parallel if (inflight::worth_threads((s1 - s0) * K * N))
     for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;) {
       const float* panel = packed + t * K * SG_TILE;
       const RowSplit split(s1 - s0, kRows);

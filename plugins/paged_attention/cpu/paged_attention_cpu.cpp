@@ -21,6 +21,7 @@
 #endif
 
 #include "fast_exp.h"
+#include "parallel_work.h"
 #include "paged_attention.h"
 
 namespace {
@@ -1009,8 +1010,11 @@ void attention(const pa_params& p, const T* q, const T* kc, const T* vc, const i
   const int block = std::min(max_q, std::max(1, kMaxRows / group));  // queries per block
   const std::vector<Task> tasks = make_tasks(p, context_lens, qsl, block);
   const int num_tasks = int(tasks.size());
+  int64_t macs = 0;  // both products, every query token against its context (parallel_work.h)
+  for (int s = 0; s < p.num_seqs; ++s) macs += int64_t(qsl[s + 1] - qsl[s]) * context_lens[s];
+  macs *= int64_t(2) * p.num_heads * D;
   std::atomic<int> claim{0};
-#pragma omp parallel
+#pragma omp parallel if (num_tasks > 1 && inflight::worth_threads(macs))
   {
     // sized for this call: decode-only steps allocate a few rows, or a token's heads taken together
     constexpr bool is_bf16 = std::is_same<T, bf16>::value;
