@@ -28,7 +28,9 @@ def grpc_client(port: int, requests: list[tuple[str, list[int]]], output_len: in
 
     done, tokens, lock = threading.Event(), [0], threading.Lock()
     remaining = [len(requests)]
-    errors, last, gaps = [], {}, []  # gaps: each token's share of the time since its stream's last response
+    errors: list[str] = []
+    last: dict[str, float] = {}  # each stream's last response time
+    gaps: list[float] = []  # each token's share of the time since its stream's last response
 
     def callback(result, error):
         if error is not None:

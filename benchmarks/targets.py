@@ -236,7 +236,7 @@ class TritonTarget:
 
     def _cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) so far of tritonserver, of the model's stub process, and of this client."""
-        return {**proc_stat.server_cpu(self.server.process.pid), "client": time.process_time()}
+        return {**proc_stat.server_cpu(self.server.started().pid), "client": time.process_time()}
 
     def _phase_seconds(self) -> dict[str, float]:
         from inflight_backend.server import read_metrics
