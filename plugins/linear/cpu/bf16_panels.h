@@ -122,12 +122,12 @@ GS_TARGET void walk(const uint32_t* xp, int64_t ldp, int64_t M, int64_t P, const
   const int64_t fit = kSlabBytes / (P * 4) / kRows * kRows;
   const int64_t slab = fit > kSlab && tiles * panel_values * 2 > kHeldBytes ? fit : kSlab;
   for (int64_t s0 = 0; s0 < M; s0 += slab) {
-    const int64_t rows = M - s0 < slab ? M - s0 : slab;
-    const RowSplit split(rows, kRows);
+    const int64_t slab_rows = M - s0 < slab ? M - s0 : slab;
+    const RowSplit split(slab_rows, kRows);
     const int64_t blocks = split.blocks, stream = blocks == 1 ? ahead : 0;
     const int per = (int)((lines + blocks * P - 1) / (blocks * P));
     ClaimedRanges work(tiles, omp_get_max_threads());
-#pragma omp parallel if (worth_threads(rows * P * 2 * N))
+#pragma omp parallel if (worth_threads(slab_rows * P * 2 * N))
     for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;) {
       const uint16_t* panel = packed + t * panel_values;
       const char* next = t + 1 < tiles ? reinterpret_cast<const char*>(panel + panel_values) : nullptr;

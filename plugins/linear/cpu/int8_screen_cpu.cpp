@@ -152,11 +152,12 @@ GQ_TARGET void walk(const uint32_t* xq, int64_t M, int64_t Q, const float* a, co
                                               row_block<4, true>, row_block<5, false>, row_block<6, false>};
   const int64_t tiles = (N + kTile - 1) / kTile, panel_bytes = Q * 4 * kTile, lines = panel_bytes / 64;
   for (int64_t s0 = 0; s0 < M; s0 += kSlab) {
-    const inflight::RowSplit split(M - s0 < kSlab ? M - s0 : kSlab, kRows);
+    const int64_t slab_rows = M - s0 < kSlab ? M - s0 : kSlab;
+    const inflight::RowSplit split(slab_rows, kRows);
     const int per = (int)((lines + split.blocks * Q - 1) / (split.blocks * Q));
     const int64_t stream = split.blocks == 1 ? ahead : 0;
     inflight::ClaimedRanges work(tiles, omp_get_max_threads());
-#pragma omp parallel if (inflight::worth_threads((M - s0 < kSlab ? M - s0 : kSlab) * Q * 4 * N))
+#pragma omp parallel if (inflight::worth_threads(slab_rows * Q * 4 * N))
     for (int64_t t; (t = work.next(omp_get_thread_num())) >= 0;) {
       const int8_t* panel = packed + t * panel_bytes;
       const char* next = t + 1 < tiles ? reinterpret_cast<const char*>(panel + panel_bytes) : nullptr;
