@@ -2,10 +2,10 @@
 (`llamacpp:`), installed by `make bench-peers` (benchmarks/peers/install.sh) under build/peers/.
 
 Both are driven like TritonTarget: the same workload items, the same arrival processes (benchmarks/targets.py's
-Submitter), streaming over HTTP with one thread per request, every token's arrival time recorded, prompts sent as
-token ids (so every server computes the same tokens), outputs forced to their length (min_tokens / ignore_eos),
-greedy, in the run's dtype. `targets.check_greedy` compares a server's greedy ids with transformers' before anything
-is timed.
+Submitter), streaming over HTTP with one thread per request (benchmarks/sse_client.py, which `triton:...+http`
+shares), every token's arrival time recorded, prompts sent as token ids (so every server computes the same tokens),
+outputs forced to their length (min_tokens / ignore_eos), greedy, in the run's dtype. `targets.check_greedy`
+compares a server's greedy ids with transformers' before anything is timed.
 """
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks import proc_stat
-from benchmarks.targets import Submitter, new_records
+from benchmarks import proc_stat, sse_client
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / "build" / "peers"
@@ -74,9 +73,7 @@ class _HTTPServerTarget:
             conn.close()
 
     def _post(self, path: str, body: dict):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
-        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        return conn, conn.getresponse()
+        return sse_client.post(self.port, path, body)
 
     # --- what a subclass defines ---
     def stream_body(self, prompt_ids: list[int], n: int) -> tuple[str, dict]:
@@ -91,37 +88,9 @@ class _HTTPServerTarget:
 
     # --- driving a workload ---
     def run(self, items, arrivals, concurrency=None):
-        records = new_records(items, arrivals)
-        sub = Submitter(records, concurrency)
-        lock = threading.Lock()  # Submitter's token/finished are for one delivering thread: serialise them
-
-        def one(i):
-            path, body = self.stream_body(items[i].prompt_ids, items[i].output_len)
-            conn, response = self._post(path, body)
-            try:
-                if response.status != 200:
-                    raise RuntimeError(f"{self.name}: HTTP {response.status}: {response.read()[:300]!r}")
-                for line in response:
-                    if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
-                        continue
-                    count, last = self.tokens_in(json.loads(line[5:]))
-                    if count:
-                        now = sub.now()
-                        with lock:
-                            for _ in range(count):
-                                sub.token(i, now)
-                    if last:
-                        break
-            finally:
-                conn.close()
-                with lock:
-                    sub.finished()
-
-        def submit(i):
-            threading.Thread(target=one, args=(i,), daemon=True).start()
-
         cpu_before, client_before = _cpu(self.process.pid), time.process_time()
-        sub.run(submit)
+        records = sse_client.stream_all(self.port, self.name, items, arrivals, concurrency, self.stream_body,
+                                        self.tokens_in)
         # the client's CPU beside the server's, as TritonTarget reports it: every client shares the server's cores
         return records, {"cpu_seconds": {self.name: _cpu(self.process.pid) - cpu_before,
                                          "client": time.process_time() - client_before}}

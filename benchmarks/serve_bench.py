@@ -8,13 +8,14 @@ Targets: `engine:POLICY[+chunked][+noreuse]` (in-process), `triton:POLICY[+chunk
 tritonserver, gRPC streaming); `+noreuse` turns prefix caching (`enable_kv_cache_reuse`) off, `+cacheaware`
 admits longest cached prefix first (`cache_aware_admission_ms` 1000), `+noamx` keeps prefill GEMMs off AMX
 (`amx_gemm: off`), `+noscreen` computes every LM head whole (`greedy_screen: off`: in fp32, or a bf16 model's
-in bf16); `+chunkedN` sets that target's token budget to N instead of --chunked-max-num-tokens, `+chunkedNcapC`
-also caps one request's prompt tokens per step at C (`max_chunk_tokens`); `+stepMS` (with `+chunked...`, whose
-budget is then the ceiling) sizes each step's budget to run in MS milliseconds (`step_time_target_ms`);
-`hf:static` (transformers `generate`, static batches), `hf:batch` (transformers' continuous batching);
-the peers `vllm:x[+chunkedN][+noreuse]` (N: its --max-num-batched-tokens with chunked prefill; `+noreuse`: its
-prefix caching off, which poisson runs need: each rate sends the same prompts again) and `llamacpp:x`
-(make bench-peers).
+in bf16), `+http` streams a triton target over HTTP `/generate_stream` with the peers' client (every output,
+text included) instead of gRPC; `+chunkedN` sets that target's token budget to N instead of
+--chunked-max-num-tokens, `+chunkedNcapC` also caps one request's prompt tokens per step at C
+(`max_chunk_tokens`); `+stepMS` (with `+chunked...`, whose budget is then the ceiling) sizes each step's budget
+to run in MS milliseconds (`step_time_target_ms`); `hf:static` (transformers `generate`, static batches),
+`hf:batch` (transformers' continuous batching); the peers `vllm:x[+chunkedN][+noreuse]` (N: its
+--max-num-batched-tokens with chunked prefill; `+noreuse`: its prefix caching off, which poisson runs need: each
+rate sends the same prompts again) and `llamacpp:x` (make bench-peers).
 Modes: `saturation` (everything arrives at once), `poisson --rates R ...` (open loop, requests/s),
 `concurrency --concurrency N ...` (closed loop). TTFT counts from each request's scheduled arrival.
 Before timing, every target but `hf:` (which is transformers) answers 4 prompts greedily and must give
@@ -62,7 +63,7 @@ def make_target(spec: str, args, workdir: Path):
         cls = {"static": T.HFStaticTarget, "batch": T.HFContinuousTarget}[policy]
         return cls(args.checkpoint, args.max_batch_size, args.dtype)
     name, *flags = policy.split("+")
-    unknown = [f for f in flags if f not in ("noreuse", "cacheaware", "noamx", "noscreen")
+    unknown = [f for f in flags if f not in ("noreuse", "cacheaware", "noamx", "noscreen", "http")
                and not f.startswith("chunked")
                and not (f.startswith("step") and f[4:].isdigit())]
     if unknown:
@@ -84,7 +85,7 @@ def make_target(spec: str, args, workdir: Path):
         params["enable_chunked_prefill"] = str(bool(chunked)).lower()
         params["enable_kv_cache_reuse"] = str(reuse).lower()
         return T.TritonTarget(args.checkpoint, workdir / spec.replace(":", "-").replace("+", "-"), sampling=sampling,
-                              **params)
+                              transport="http" if "http" in flags else "grpc", **params)
     raise SystemExit(f"unknown target {spec!r}")
 
 

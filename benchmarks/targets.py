@@ -2,7 +2,8 @@
 
 - EngineTarget: our engine in-process (the batch loop's threads, no server), any batching policy.
 - TritonTarget: our backend through a real tritonserver, one gRPC stream carrying every request; the client
-  requests `output_ids` only (it counts tokens), so the backend builds no text tensors for it.
+  requests `output_ids` only (it counts tokens), so the backend builds no text tensors for it. Or (`+http`)
+  `/generate_stream` with the peers' HTTP client (benchmarks/sse_client.py): every output, text included.
 - HFStaticTarget: Hugging Face `generate` on static left-padded batches (request-level batching).
 - HFContinuousTarget: Hugging Face's own continuous batching (`generate_batch`'s manager).
 
@@ -136,12 +137,14 @@ class TritonTarget:
     """Starts its own tritonserver serving the checkpoint with `params`; stop() shuts it down."""
 
     def __init__(self, checkpoint: str, workdir: str | Path, sampling: tuple[float, float] = (0.0, 1.0),
-                 **params) -> None:
-        """`sampling`: the timed requests' (temperature, top_p); (0, 1): greedy."""
+                 transport: str = "grpc", **params) -> None:
+        """`sampling`: the timed requests' (temperature, top_p); (0, 1): greedy. `transport`: "grpc" (one stream
+        for every request, `output_ids` only) or "http" (`/generate_stream`, one connection and thread per
+        request, every output: the peers' client, benchmarks/sse_client.py)."""
         from inflight_backend.repository import model_config, write_repository
         from inflight_backend.server import TritonServer, free_port
 
-        self.sampling = sampling
+        self.sampling, self.transport = sampling, transport
         repo = write_repository(Path(workdir) / "repo", {"bench": model_config(checkpoint, "bench", **params)})
         self.server = TritonServer(repo, free_port(), free_port(), free_port(),
                                    log_file=Path(workdir) / "tritonserver.log").start()
@@ -150,13 +153,43 @@ class TritonTarget:
         self.server.stop()
 
     def run(self, items, arrivals, concurrency=None):
+        before = self._phase_seconds()
+        cache_before = self._prompt_tokens()
+        cpu_before = self._cpu_seconds()
+        if self.transport == "http":
+            records = self._run_http(items, arrivals, concurrency)
+        else:
+            records = self._run_grpc(items, arrivals, concurrency)
+        after = self._phase_seconds()
+        cpu = {k: v - cpu_before[k] for k, v in self._cpu_seconds().items()}
+        spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        busy = spent.get("schedule", 0) + spent.get("model", 0) + spent.get("sample", 0)
+        overhead = spent.get("schedule", 0) + spent.get("sample", 0) + spent.get("respond", 0)
+        cache = {k: v - cache_before[k] for k, v in self._prompt_tokens().items()}
+        return records, {"overhead_fraction": overhead / max(busy, 1e-9), "cpu_seconds": cpu, **cache}
+
+    def _run_http(self, items, arrivals, concurrency):
+        from benchmarks import sse_client
+
+        def body(prompt_ids, n):
+            payload = {"input_ids": prompt_ids, "max_tokens": n, "min_tokens": n, "stream": True}
+            if self.sampling != (0.0, 1.0):
+                payload.update(temperature=self.sampling[0], top_p=self.sampling[1])
+            return "/v2/models/bench/generate_stream", payload
+
+        def tokens_in(event):
+            if "error" in event:
+                raise RuntimeError(f"triton: {event['error']}")
+            ids = event.get("output_ids", [])
+            return (len(ids) if isinstance(ids, list) else 1), False  # the stream ends after the last
+
+        return sse_client.stream_all(self.server.http_port, "triton", items, arrivals, concurrency, body, tokens_in)
+
+    def _run_grpc(self, items, arrivals, concurrency):
         import tritonclient.grpc as grpcclient
 
         records = new_records(items, arrivals)
         sub = Submitter(records, concurrency)
-        before = self._phase_seconds()
-        cache_before = self._prompt_tokens()
-        cpu_before = self._cpu_seconds()
 
         def callback(result, error):
             if error is not None:
@@ -185,13 +218,7 @@ class TritonTarget:
         finally:
             client.stop_stream()
             client.close()
-        after = self._phase_seconds()
-        cpu = {k: v - cpu_before[k] for k, v in self._cpu_seconds().items()}
-        spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-        busy = spent.get("schedule", 0) + spent.get("model", 0) + spent.get("sample", 0)
-        overhead = spent.get("schedule", 0) + spent.get("sample", 0) + spent.get("respond", 0)
-        cache = {k: v - cache_before[k] for k, v in self._prompt_tokens().items()}
-        return records, {"overhead_fraction": overhead / max(busy, 1e-9), "cpu_seconds": cpu, **cache}
+        return records
 
     def greedy_ids(self, prompt_ids: list[int], n: int) -> list[int]:
         """At most `n` greedy tokens for one prompt (the model's default sampling), streamed over gRPC."""

@@ -338,3 +338,54 @@ def test_prefill_rows_baseline_is_the_forward_on_every_row(tiny_model, monkeypat
     prefill_rows.main()
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [row.split("|")[1].strip() for row in rows] == ["8", "24"]
+
+
+def test_sse_client_counts_each_streams_tokens_and_stops_at_its_last_event():
+    """The one HTTP client every server is measured through (peers, and Triton with +http), against a loopback
+    server streaming server-sent events: two tokens an event, then a last event, then one that must not count."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from benchmarks import sse_client
+    from benchmarks.workload import WorkItem
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            n = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["n"]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for k in range(n // 2):
+                self.wfile.write(b"data: " + json.dumps({"ids": [k, k]}).encode() + b"\n\n")
+            self.wfile.write(b'data: {"ids": [], "last": true}\n\ndata: {"ids": [9, 9, 9]}\n\ndata: [DONE]\n\n')
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        items = [WorkItem([1, 2, 3], n) for n in (4, 6, 2)]
+        records = sse_client.stream_all(server.server_address[1], "fake", items, [0.0, 0.0, 0.01], None,
+                                        lambda ids, n: ("/stream", {"n": n}),
+                                        lambda event: (len(event["ids"]), event.get("last", False)))
+    finally:
+        server.shutdown()
+    assert [len(r.token_times) for r in records] == [4, 6, 2]
+    assert all(r.token_times == sorted(r.token_times) and r.token_times[0] >= r.arrival for r in records)
+
+
+def test_triton_http_suffix_streams_over_generate_stream(monkeypatch):
+    import benchmarks.serve_bench as sb
+
+    made = {}
+    monkeypatch.setattr(sb.T, "TritonTarget", lambda checkpoint, workdir, **params: made.update(params) or params)
+    args = argparse.Namespace(checkpoint="x", chunked_max_num_tokens=256, max_num_tokens=2048, max_batch_size=8,
+                              block_size=16, num_kv_blocks=0, max_queue_delay_ms=0, dtype="float32",
+                              linear_backend="auto", temperature=0.0, top_p=1.0)
+    from pathlib import Path
+    make_target("triton:fused+http", args, Path("/tmp"))
+    assert made["transport"] == "http"
+    make_target("triton:fused", args, Path("/tmp"))
+    assert made["transport"] == "grpc"
