@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import targets as T  # noqa: E402
+from benchmarks import triton_target  # noqa: E402
 from benchmarks.records import percentile, summarize  # noqa: E402
 from benchmarks.workload import WorkItem, load  # noqa: E402
 
@@ -84,8 +85,9 @@ def make_target(spec: str, args, workdir: Path):
     if system == "triton":
         params["enable_chunked_prefill"] = str(bool(chunked)).lower()
         params["enable_kv_cache_reuse"] = str(reuse).lower()
-        return T.TritonTarget(args.checkpoint, workdir / spec.replace(":", "-").replace("+", "-"), sampling=sampling,
-                              transport="http" if "http" in flags else "grpc", **params)
+        return triton_target.TritonTarget(args.checkpoint, workdir / spec.replace(":", "-").replace("+", "-"),
+                                          sampling=sampling, transport="http" if "http" in flags else "grpc",
+                                          **params)
     raise SystemExit(f"unknown target {spec!r}")
 
 

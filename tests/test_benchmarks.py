@@ -380,7 +380,8 @@ def test_triton_http_suffix_streams_over_generate_stream(monkeypatch):
     import benchmarks.serve_bench as sb
 
     made = {}
-    monkeypatch.setattr(sb.T, "TritonTarget", lambda checkpoint, workdir, **params: made.update(params) or params)
+    monkeypatch.setattr(sb.triton_target, "TritonTarget",
+                        lambda checkpoint, workdir, **params: made.update(params) or params)
     args = argparse.Namespace(checkpoint="x", chunked_max_num_tokens=256, max_num_tokens=2048, max_batch_size=8,
                               block_size=16, num_kv_blocks=0, max_queue_delay_ms=0, dtype="float32",
                               linear_backend="auto", temperature=0.0, top_p=1.0)
