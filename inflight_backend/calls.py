@@ -26,7 +26,7 @@ class Call:
     parts: list = field(default_factory=list)  # unary: each finished sequence's tensors
     error: str | None = None  # unary: the first sequence error (the one response carries it)
     pad_id: int = 0
-    closed: bool = False  # its FINAL is about to go or went: never ask is_cancelled() again (model._asks_cancelled)
+    closed: bool = False  # its FINAL is about to go or went: never ask is_cancelled() again (open_calls.py)
 
 
 @dataclass(slots=True, eq=False)

@@ -5,7 +5,7 @@ The engine emits one RequestOutput per request per step. When the responder has 
 its new tokens instead of one response (one round trip to tritonserver) per token. When the responder keeps up,
 nothing waits and every token still leaves at once. Outputs that carry something per token (log-probabilities,
 logits) or an error are not merged: they keep their own response, in order. A stream that asked for
-`stream_interval` N holds its outputs (model.py) until N tokens are merged or it ends.
+`stream_interval` N holds its outputs (responder.py) until N tokens are merged or it ends.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Triton entry point: the `inflight` Python-based backend (decoupled).
 
 Thin by design: `execute()` parses each request (a call: B rows in TensorRT-LLM's batched layout, each with
-num_return_sequences sequences), registers its response sender and hands every sequence to the batch loop; the
-loop's responder thread turns engine outputs into responses (`responses.py` builds the tensors). Decoupled
+num_return_sequences sequences), registers it (`open_calls.py`) and hands every sequence to the batch loop; the
+loop's responder thread turns engine outputs into responses (`responder.py`). Decoupled
 models stream; a non-decoupled one (unary calls) answers each call once, when all its sequences are done, and
 its execute() still returns at once, so concurrent unary calls share iterations. No scheduling here.
 """
@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import sys
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -23,21 +19,17 @@ import numpy as np
 
 import triton_python_backend_utils as pb_utils
 
-from inflight_backend import (calls, declared_io, gc_tuning, openmp_pool, protocol, responses, trtllm_layout,
-                              vllm_protocol)
+from inflight_backend import declared_io, gc_tuning, openmp_pool, protocol, trtllm_layout, vllm_protocol
 from inflight_backend.batch_loop import BatchLoop
+from inflight_backend.block_manager import blocks_for
 from inflight_backend.calls import Call, Sequence
 from inflight_backend.cancel_watcher import CancelWatcher
 from inflight_backend.config import EngineConfig, instance_count
-from inflight_backend.engine import InflightEngine, RequestOutput
-from inflight_backend.metrics import TritonMetrics
+from inflight_backend.engine import InflightEngine
+from inflight_backend.open_calls import OpenCalls
 from inflight_backend.request import QueueFull, RequestError, ServerStopping
-from inflight_backend.stats import EngineStats
+from inflight_backend.responder import Responder
 from inflight_backend.stop_signal import StopSignal
-
-_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-_TRACE_CANCELS = os.environ.get("INFLIGHT_TRACE_CANCELS") == "1"  # one stderr line per cancelled request
-_METRICS_INTERVAL_S = 0.2  # each metric update is an IPC round trip: publish stats at most this often
 
 
 class TritonPythonModel:
@@ -68,28 +60,18 @@ class TritonPythonModel:
         # response sender): intake amortised over a burst. The backend still batches every iteration itself.
         self._intake = _intake(model_config)
         self._name = args["model_name"]
-        self.metrics = TritonMetrics(pb_utils, self._name)
-        self._sequences: dict[str, Sequence] = {}
-        self._calls: dict[str, Call] = {}
-        self._lock = threading.Lock()
-        self._final_lock = threading.Lock()  # between a FINAL and an is_cancelled() on the same sender
+        self._open = OpenCalls()
         self._ids = itertools.count()
-        self._last_publish = 0.0
-        self._unpublished: EngineStats | None = None
-        self._respond_seconds = 0.0
-        self._rejected: Counter[str] = Counter()  # by reason, since the last publish (execute's thread adds)
-        # Requests ended since the last publish, by finish reason (responder only): counted with the stats they
-        # came with, one IPC per reason a publish rather than one per request
-        self._finished: Counter[str] = Counter()
         self._stop_signal = StopSignal.from_environment()
         self._stopping: str | None = None  # once set: the message every open and new request ends with
-        self._drained_logged = False
         engine = InflightEngine(self.config)
         gc_tuning.for_serving()  # what exists now lives as long as the stub
+        self.responder = Responder(pb_utils, self._name, self._open, engine.tokenizer.decode,
+                                   partial(blocks_for, block_size=engine.blocks.block_size))
         threads = self.config.cpu_threads or openmp_pool.share(instance_count(model_config))
-        self.loop = BatchLoop(engine, self._emit, on_idle=self._on_idle, threads=threads)
+        self.loop = BatchLoop(engine, self.responder.emit, on_idle=self.responder.on_idle, threads=threads)
         self.limits = self.loop.prompt_limits()
-        self._watcher = CancelWatcher(self._open_senders, self._cancel_call, self._check_stop,
+        self._watcher = CancelWatcher(self._open.senders, self._cancel_call, self._check_stop,
                                       self.config.cancel_check_interval_ms / 1000.0,
                                       self.config.cancel_check_max_share)
         layout = "TensorRT-LLM batched" if self.batched else "unbatched"
@@ -123,14 +105,14 @@ class TritonPythonModel:
         try:
             rows = self._parse(request)
         except Exception as exc:  # anything unforeseen still ends this request alone, with FINAL
-            reason = exc.reason if isinstance(exc, RequestError) else "invalid"
-            message = str(exc) if isinstance(exc, RequestError) else f"invalid request: {type(exc).__name__}: {exc}"
-            with self._lock:
-                self._rejected[reason] += 1
-            _send_error(sender, message)
+            if isinstance(exc, RequestError):
+                self.responder.reject(sender, exc.reason, str(exc))
+            else:
+                self.responder.reject(sender, "invalid", f"invalid request: {type(exc).__name__}: {exc}")
             return
         call = Call(str(next(self._ids)), sender, rows[0].stream, not self.decoupled, self.batched,
-                     _requested(request), pad_id=rows[0].pad_id)
+                    _requested(request), pad_id=rows[0].pad_id)
+        sequences: dict[str, Sequence] = {}
         submits = []  # (req_id, prompt ids, params, priority, the row's first sequence: its prompt blocks' source)
         text = call.outputs is None or "text_output" in call.outputs  # else no detokenizing, per token or not
         for b, parsed in enumerate(rows):
@@ -144,13 +126,11 @@ class TritonPythonModel:
                 params = parsed.params if text else replace(parsed.params, detokenize=False)
                 if s and params.seed is not None:  # sequence s: the same request alone with seed + s
                     params = replace(params, seed=params.seed + s)
-                call.open.add(req_id)
-                self._sequences[req_id] = Sequence(call, b, s, prefix_text, parsed.prompt_ids if keep_input else [],
-                                                    arrival, parsed.returns, parsed.return_perf_metrics,
-                                                    len(parsed.prompt_ids), stream_interval=parsed.stream_interval)
+                sequences[req_id] = Sequence(call, b, s, prefix_text, parsed.prompt_ids if keep_input else [],
+                                             arrival, parsed.returns, parsed.return_perf_metrics,
+                                             len(parsed.prompt_ids), stream_interval=parsed.stream_interval)
                 submits.append((req_id, parsed.prompt_ids, params, parsed.priority, first if s else None))
-        with self._lock:
-            self._calls[call.key] = call
+        self._open.open(call, sequences)
         for req_id, prompt_ids, params, priority, source in submits:
             self.loop.submit(req_id, prompt_ids, params, priority, arrival, source)
 
@@ -171,165 +151,24 @@ class TritonPythonModel:
         self._check_queue(sum(r.num_return_sequences for r in rows))
         return rows
 
-    def _open_senders(self) -> list[tuple[str, Callable[[], bool]]]:
-        with self._lock:
-            return [(key, partial(self._asks_cancelled, call)) for key, call in self._calls.items()]
-
-    def _cancel_call(self, key: str) -> None:
-        """Watcher thread: the client of this call has gone: cancel every sequence of it still running."""
-        with self._lock:
-            call = self._calls.get(key)
-            open_ids = list(call.open) if call is not None else []
-        for req_id in open_ids:
-            self.loop.cancel(req_id)
-
-    def _asks_cancelled(self, call: Call) -> bool:
-        """Watcher thread. python_backend 2.51 frees a request's response factory once its FINAL is sent, and
-        is_cancelled() on it afterwards crashes tritonserver (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled):
-        the responder closes a call under this lock before sending its FINAL, so no ask can overlap it."""
-        with self._final_lock:
-            return not call.closed and call.sender.is_cancelled()
-
-    def _check_stop(self) -> None:
-        """Watcher thread: once the supervisor asks (or is gone), end every stream and refuse new ones."""
-        if self._stopping is None and self._stop_signal.is_set():
-            self._stopping = "the server is shutting down: request ended early; retry on another instance"
-            with self._lock:
-                open_calls = len(self._calls)
-            pb_utils.Logger.log_info(f"inflight: {self._name}: stop requested: ending every open stream "
-                                     f"({open_calls} open)")
-            self.loop.drain(self._stopping)
-            if not open_calls:
-                self._log_drained()
-
-    def _log_drained(self) -> None:
-        """Once per stop: every stream has had its FINAL, so no response factory of ours holds the model in
-        Triton any more (one that still does not unload is held from outside, or stuck in finalize)."""
-        with self._lock:
-            first, self._drained_logged = not self._drained_logged, True
-        if first:
-            pb_utils.Logger.log_info(f"inflight: {self._name}: every stream ended")
-
     def _check_queue(self, adding: int) -> None:
         limit = self.config.max_queue_size
         if limit and self.loop.queue_depth() + adding > limit:
             raise QueueFull(f"queue full: {limit} requests are already waiting (max_queue_size); retry later")
 
-    def _emit(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
-        """Responder thread: one response per streamed token; one per sequence for non-streamed requests; one
-        per call for unary ones.
+    def _cancel_call(self, key: str) -> None:
+        """Watcher thread: the client of this call has gone: cancel every sequence of it still running."""
+        for req_id in self._open.open_ids(key):
+            self.loop.cancel(req_id)
 
-        When these outputs end the last open call, metrics are published before the responses go out, so a
-        client that has its last final response sees every count in /metrics (tests rely on it)."""
-        start = time.perf_counter()
-        ready = []
-        for out in outputs:
-            seq = self._sequences.get(out.req_id)
-            if seq is None:
-                continue
-            call, last = seq.call, False
-            if out.finished:
-                del self._sequences[out.req_id]
-                call.open.discard(out.req_id)
-                if not call.open:
-                    last = True
-                    with self._lock:
-                        del self._calls[call.key]
-                    with self._final_lock:
-                        call.closed = True
-            self._observe(seq, out)
-            ready.append((seq, out, last))
-        self._unpublished = stats
-        if not self._calls:
-            self._publish_metrics()
-        for seq, out, last in ready:
-            self._deliver(seq, out, last)
-        if self._stopping is not None and not self._calls:
-            self._log_drained()
-        self._respond_seconds += time.perf_counter() - start
-        if time.monotonic() - self._last_publish >= _METRICS_INTERVAL_S:
-            self._publish_metrics()
-
-    def _on_idle(self) -> None:
-        """Responder thread, nothing to send: publish what changed (stats after a failure, rejections)."""
-        if self._unpublished is not None or self._rejected or self._finished:
-            self._publish_metrics()
-
-    def _publish_metrics(self) -> None:
-        with self._lock:
-            rejected, self._rejected = self._rejected, Counter()
-        if self._unpublished is not None:
-            self.metrics.update(self._unpublished, self._respond_seconds)
-        self.metrics.record_rejections(rejected)
-        self.metrics.record_finished(self._finished)
-        self._unpublished, self._respond_seconds, self._finished = None, 0.0, Counter()
-        self._last_publish = time.monotonic()
-
-    def _deliver(self, seq: Sequence, out: RequestOutput, last: bool) -> None:
-        """`last`: this output ends the call's last open sequence, so its response carries FINAL."""
-        call = seq.call
-        if out.error is not None:
-            if call.unary:
-                call.error = call.error or out.error
-                if last:
-                    _send_error(call.sender, call.error)
-            else:
-                _send(call.sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(out.error)),
-                      _FINAL if last else 0)
-            return
-        if call.stream:
-            sent = calls.held_back(seq, out) if seq.stream_interval > 1 else out
-            if sent is None:
-                return
-            self._respond(call, [self._tensors(seq, sent, sent.text, sent.token_ids)], last)
-            return
-        calls.accumulate(seq, out)
-        if not out.finished:
-            return
-        tensors = self._tensors(seq, out, seq.prefix_text + "".join(seq.texts), seq.prefix_ids + seq.ids,
-                                accumulated=True)
-        if not call.unary:
-            self._respond(call, [tensors], last)
-        else:
-            call.parts.append((seq.batch_index, seq.sequence_index, tensors))
-            if last:
-                if call.error is not None:
-                    _send_error(call.sender, call.error)
-                else:
-                    self._respond(call, [t for _, _, t in sorted(call.parts, key=lambda p: p[:2])], True)
-
-    def _tensors(self, seq: Sequence, out: RequestOutput, text: str, ids: list[int], accumulated: bool = False):
-        piece = calls.piece_of(seq, out, text, ids, accumulated)
-        blocks = self.loop.blocks_for(out.num_input_tokens + out.num_output_tokens - 1) if out.finished else 0
-        return responses.tensors(piece, seq.returns, seq.return_perf_metrics, seq.call.outputs,
-                                 self._decode_token, blocks, out.num_shared_blocks)
-
-    def _decode_token(self, token: int) -> str:
-        return self.loop.decode([token])
-
-    def _respond(self, call: Call, parts: list[dict], final: bool) -> None:
-        tensors = responses.stack(parts, call.pad_id)
-        if not call.batched:
-            tensors = responses.unbatched(tensors)
-        response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in tensors.items()])
-        _send(call.sender, response, _FINAL if final else 0)
-
-    def _observe(self, seq: Sequence, out: RequestOutput) -> None:
-        """Latency histograms, observed once or twice per sequence (each observation is an IPC round trip)."""
-        if out.token_ids and not seq.first_token_seen:
-            seq.first_token_seen = True
-            self.metrics.observe_first_token(out.token_time - seq.arrival)
-        if out.finish_reason is not None:  # out.finished, spelled so that the reason is a str below
-            per_token, times = None, out.times  # the engine's own first/last token times and token count
-            if (times is not None and times.first_token is not None and times.last_token is not None
-                    and out.num_output_tokens > 1):
-                per_token = (times.last_token - times.first_token) / (out.num_output_tokens - 1)
-            self._finished[out.finish_reason] += 1
-            self.metrics.observe_finished(time.monotonic() - seq.arrival, per_token)
-            # benchmarks/robustness.py reads these lines
-            if _TRACE_CANCELS and out.finish_reason == "cancelled" and times is not None:
-                print(f"inflight-trace: cancelled: prompt {out.num_input_tokens} tokens, ended at {times.finished:.6f}",
-                      file=sys.stderr, flush=True)
+    def _check_stop(self) -> None:
+        """Watcher thread: once the supervisor asks (or is gone), end every stream and refuse new ones."""
+        if self._stopping is None and self._stop_signal.is_set():
+            self._stopping = "the server is shutting down: request ended early; retry on another instance"
+            pb_utils.Logger.log_info(f"inflight: {self._name}: stop requested: ending every open stream "
+                                     f"({len(self._open)} open)")
+            self.loop.drain(self._stopping)
+            self.responder.note_stopping()
 
 
 def _allow_ragged_batches(config, declared: set[str]) -> None:
@@ -380,14 +219,3 @@ def _sampling_parameters(get, request) -> dict:
 def _requested(request) -> frozenset[str] | None:
     names = request.requested_output_names()
     return frozenset(names) if names else None
-
-
-def _send_error(sender, message: str) -> None:
-    _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), _FINAL)
-
-
-def _send(sender, response, flags: int) -> None:
-    try:
-        sender.send(response, flags=flags)
-    except Exception as exc:  # (not is_cancelled() here: after a FINAL the sender's factory may be gone)
-        pb_utils.Logger.log_error(f"inflight: failed to send a response: {exc}")
