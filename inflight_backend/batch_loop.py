@@ -20,9 +20,10 @@ from collections.abc import Callable
 
 from . import openmp_pool
 from .block_manager import blocks_for
-from .engine import InflightEngine, RequestError, RequestOutput
+from .engine import InflightEngine
+from .outputs import RequestOutput
 from .outbox import Outbox
-from .request import PromptLimits, SamplingParams, ServerStopping
+from .request import PromptLimits, RequestError, SamplingParams, ServerStopping
 from .stats import EngineStats
 
 Emit = Callable[[list[RequestOutput], EngineStats], None]

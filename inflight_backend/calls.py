@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .coalesce import merge
-from .engine import RequestOutput
+from .outputs import RequestOutput
 from .responses import Piece
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .engine import RequestOutput
+from .outputs import RequestOutput
 
 
 def mergeable(out: RequestOutput) -> bool:

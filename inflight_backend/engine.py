@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -17,49 +17,15 @@ from .checkpoint import load_config, load_tokenizer
 from .models.llama import LlamaConfig
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer, NoText, byte_fallback_ids, special_ids
+from .output_text import OutputText
+from .outputs import RequestOutput, RequestTimes
 from .runners.base import ModelRunner
 from .runners.step_inputs import context_rows
-from .request import RequestError  # noqa: F401 (re-exported: callers catch it from here too)
-from .request import PromptLimits, PromptTooLarge, Request, RequestStatus, SamplingParams
+from .request import PromptLimits, PromptTooLarge, Request, RequestError, RequestStatus, SamplingParams
 from .sampler import Sampler
 from .token_rules import TokenInfo, apply_logit_rules, ends_with, token_infos
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineStats
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    """What one step produced for one request: only what is new since the last output."""
-
-    req_id: str
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None = None
-    num_input_tokens: int = 0
-    num_output_tokens: int = 0
-    error: str | None = None
-    token_time: float = 0.0  # time.monotonic() when this output's tokens were sampled
-    times: RequestTimes | None = None  # on the final output
-    token_info: TokenInfo | None = None  # what the request asked to know about this output's token
-    stop_reason: str | None = None  # the stop string or token id that ended it (None: EOS, or not stopped)
-    num_shared_blocks: int = 0  # on the final output: prompt blocks it took as computed (prefix cache, a sibling)
-    num_cached_tokens: int = 0  # on the final output: the tokens in them
-    context_logits: np.ndarray | None = None  # float32 [prompt tokens, vocab], on the first token's output, if asked
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass(frozen=True, slots=True)
-class RequestTimes:
-    """time.monotonic() stamps of one request's life (None where it never got that far)."""
-
-    arrival: float
-    first_scheduled: float | None
-    first_token: float | None
-    last_token: float | None
-    finished: float | None = None  # when the engine ended it (a cancellation's end, for one)
 
 
 _BYTES_PER_TOKEN = 32  # default max_prompt_bytes per token of context: above any real tokenizer's average
@@ -80,12 +46,10 @@ class InflightEngine:
         self.sampler = Sampler()
         self.stats = EngineStats(kv_blocks_total=num_blocks)
         self._requests: dict[str, Request] = {}
-        self._detokenizers: dict[str, IncrementalDetokenizer | NoText] = {}
+        self._texts: dict[str, OutputText] = {}
         self._special_ids = special_ids(self.tokenizer)
         self._byte_ids = byte_fallback_ids(self.tokenizer)
         self._context_logits: dict[str, list] = {}  # return_context_logits: the prompt's rows so far
-        self._unsent: dict[str, int] = {}  # requests that cut stop strings: how much of their text went out
-        self._hold: dict[str, int] = {}  # and how many characters they hold back (the longest stop string's, -1)
         self._num_raw_logits = 0  # open requests that need their rows' logits before the rules change them
         self._num_all_logits = 0  # open requests whose steps need every logit exact (not a greedy screen's)
         self._seeds = itertools.count(config.seed * 1_000_003)
@@ -175,12 +139,9 @@ class InflightEngine:
         self._requests[req_id] = request
         self._num_raw_logits += params.needs_raw_logits
         self._num_all_logits += params.needs_all_logits
-        self._detokenizers[req_id] = (
-            IncrementalDetokenizer(self.tokenizer, self._special_ids, prompt_ids, self._byte_ids)
-            if params.detokenize or params.stop_words else NoText())
-        if params.stop_words and not params.include_stop_str_in_output:
-            self._unsent[req_id] = 0
-            self._hold[req_id] = max(len(w) for w in params.stop_words) - 1
+        detok = (IncrementalDetokenizer(self.tokenizer, self._special_ids, prompt_ids, self._byte_ids)
+                 if params.detokenize or params.stop_words else NoText())
+        self._texts[req_id] = OutputText(detok, params.stop_words, cut=not params.include_stop_str_in_output)
         self.scheduler.add(request)
 
     def abort(self, req_id: str, status: RequestStatus = RequestStatus.FINISHED_CANCELLED) -> RequestOutput | None:
@@ -291,13 +252,13 @@ class InflightEngine:
             request.first_token_time = now
         request.last_token_time = now
         token = request.output_ids[-1]
-        detok = self._detokenizers[request.req_id]
-        text = detok.add(token)
+        out_text = self._texts[request.req_id]
+        text = out_text.add(token)
         p = request.params
-        held = request.req_id in self._unsent
-        stop = self._stop(request, token, text, detok) if len(request.output_ids) >= p.min_tokens else None
+        stop = self._stop(request, token, text, out_text) if len(request.output_ids) >= p.min_tokens else None
+        held = out_text.holds
         if held:  # the text that could begin a stop string waits until it cannot
-            text = self._release(request.req_id, detok.text, stop and stop[0])
+            text = out_text.release(stop and stop[0])
         if stop is not None:
             output = self._finish(request, RequestStatus.FINISHED_STOPPED, [token], text,
                                   flush=stop[0] < 0 or not held)
@@ -308,32 +269,15 @@ class InflightEngine:
         return RequestOutput(request.req_id, [token], text, token_time=now)
 
     def _stop(self, request: Request, token: int, delta: str,
-              detok: IncrementalDetokenizer | NoText) -> tuple[int, str | None] | None:
-        """None: go on. Else (where, why): where -1 for a token, or the index in the request's text (detok.text)
-        where a stop string starts; why: the stop string or token id (None for the end token)."""
+              out_text: OutputText) -> tuple[int, str | None] | None:
+        """None: go on. Else (where, why): where -1 for a token, or the index in the request's text where a stop
+        string starts; why: the stop string or token id (None for the end token)."""
         p = request.params
         if (token == p.end_id) if p.end_id is not None else (token in self.eos_ids):
             return -1, None
         if p.stop_token_seqs and any(ends_with(request.output_ids, seq) for seq in p.stop_token_seqs):
             return -1, str(token)
-        if delta and p.stop_words:
-            text = detok.text
-            window = max(len(text) - max(len(w) for w in p.stop_words) - len(delta), 0)
-            found = [(k, w) for w in p.stop_words if (k := text.find(w, window)) >= 0]
-            if found:
-                return min(found)
-        return None
-
-    def _release(self, req_id: str, text: str, stop: int | None) -> str:
-        # stop: None (go on), -1 (stopped by a token: all text goes) or where the stop string starts
-        """For a request whose stop strings are cut from its output: the text that can go out now."""
-        sent = self._unsent[req_id]
-        if stop is None:
-            end = max(len(text) - self._hold[req_id], sent)
-        else:
-            end = len(text) if stop < 0 else stop
-        self._unsent[req_id] = end
-        return text[sent:end]
+        return out_text.stop_string(delta)
 
     def _finish(self, request: Request, status: RequestStatus, token_ids: list[int], text: str,
                 flush: bool = True) -> RequestOutput:
@@ -342,14 +286,8 @@ class InflightEngine:
         del self._requests[request.req_id]
         self._num_raw_logits -= request.params.needs_raw_logits
         self._num_all_logits -= request.params.needs_all_logits
-        detokenizer = self._detokenizers.pop(request.req_id)
-        self._hold.pop(request.req_id, None)
+        text += self._texts.pop(request.req_id).rest(status, flush)
         self._context_logits.pop(request.req_id, None)
-        unsent = self._unsent.pop(request.req_id, None)
-        if status == RequestStatus.FINISHED_LENGTH and unsent is not None:  # no stop string came: all of it goes
-            text += detokenizer.text[unsent:]
-        if status != RequestStatus.FINISHED_ERROR and flush:  # an error's text is not sent (nor after a cut)
-            text += detokenizer.flush()
         times = RequestTimes(request.arrival_time, request.first_scheduled_time, request.first_token_time,
                              request.last_token_time, time.monotonic())
         request.prefix_source = None  # (no chain of finished requests kept alive)

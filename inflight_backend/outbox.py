@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 from .coalesce import Coalescer
-from .engine import RequestOutput
+from .outputs import RequestOutput
 from .stats import EngineStats
 
 

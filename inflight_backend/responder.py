@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from . import calls, responses
 from .calls import Call, Sequence
-from .engine import RequestOutput
+from .outputs import RequestOutput
 from .metrics import TritonMetrics
 from .open_calls import OpenCalls
 from .stats import EngineStats

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .engine import RequestOutput
+from .outputs import RequestOutput
 
 ALWAYS = ("output_ids", "text_output", "sequence_length", "batch_index", "sequence_index")
 TOKEN_AXIS = {"output_ids": 2, "output_log_probs": 2, "generation_logits": 2}  # padded when rows are stacked

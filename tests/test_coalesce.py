@@ -7,7 +7,8 @@ from inflight_backend.batch_loop import BatchLoop
 from inflight_backend.calls import Call, Sequence, held_back
 from inflight_backend.coalesce import Coalescer, coalesce
 from inflight_backend.config import EngineConfig
-from inflight_backend.engine import InflightEngine, RequestOutput
+from inflight_backend.engine import InflightEngine
+from inflight_backend.outputs import RequestOutput
 from inflight_backend.outbox import Outbox
 from inflight_backend.request import SamplingParams
 from inflight_backend.token_rules import TokenInfo

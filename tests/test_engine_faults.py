@@ -99,7 +99,7 @@ def test_an_output_that_cannot_be_processed_ends_that_request_alone(tiny_model, 
     def broken(token):
         raise UnicodeError("injected")
 
-    engine._detokenizers["victim"].add = broken
+    engine._texts["victim"].detok.add = broken
     tokens, finals = run_all(engine, oracle_cases[:CASES])
     assert [tokens.get(str(i), []) for i in range(CASES)] == expected
     assert finals["victim"].finish_reason == "error" and "UnicodeError: injected" in finals["victim"].error

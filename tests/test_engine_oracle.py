@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from inflight_backend.config import EngineConfig
-from inflight_backend.engine import InflightEngine, RequestError
+from inflight_backend.engine import InflightEngine
+from inflight_backend.request import RequestError
 from inflight_backend.request import SamplingParams
 from tests.conftest import Oracle
 

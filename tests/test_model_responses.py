@@ -5,7 +5,7 @@ import json
 import numpy as np
 
 from inflight_backend import responses
-from inflight_backend.engine import RequestOutput, RequestTimes
+from inflight_backend.outputs import RequestOutput, RequestTimes
 from inflight_backend.responses import Piece
 
 

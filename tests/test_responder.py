@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from inflight_backend.calls import Call, Sequence
-from inflight_backend.engine import RequestOutput, RequestTimes
+from inflight_backend.outputs import RequestOutput, RequestTimes
 from inflight_backend.open_calls import OpenCalls
 from inflight_backend.responder import Responder
 from inflight_backend.stats import EngineStats
