@@ -16,6 +16,7 @@ from .block_manager import BlockManager, blocks_for
 from .config import EngineConfig, check_policies
 from .request import Request, RequestStatus
 from .step_budget import StepBudget
+from .waiting_order import next_waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +88,6 @@ class SchedulerOutput:
 def is_decode(request: Request) -> bool:
     """One generated token left to compute: a decode step (anything else computes prompt or recomputes)."""
     return bool(request.output_ids) and request.num_uncomputed_tokens == 1
-
-
-CACHE_AWARE_WINDOW = 64
 
 
 class Scheduler:
@@ -210,7 +208,8 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput) -> None:
         reserved = None  # guaranteed_no_evict: blocks the running requests may still take (summed once a step)
         while self.waiting and out.budget > 0 and len(self.running) < self.config.max_batch_size:
-            request = self._next_waiting()
+            request = next_waiting(self.waiting, time.monotonic(), self.config.priority_aging_s,
+                                   self.config.cache_aware_wait_s, self.blocks)
             if request is None:
                 return
             reused = self._reusable(request)
@@ -236,38 +235,6 @@ class Scheduler:
             self._schedule(out, request, num_tokens, is_decode(request))
             if reserved is not None:
                 reserved += self.blocks.num_missing_blocks(request.req_id, request.max_total_tokens)
-
-    def _next_waiting(self) -> Request | None:
-        """Preempted requests first, then the highest priority (aged, so nobody starves), then arrival order.
-        A request that will share its prompt's blocks waits until their source has computed them."""
-        now = time.monotonic()
-        aging = self.config.priority_aging_s
-
-        def key(r: Request):
-            return (r.num_preemptions == 0, -(r.priority + (now - r.arrival_time) / aging), r.arrival_time)
-
-        ready = [r for r in self.waiting if not _awaits_source(r)]
-        if not ready:
-            return None
-        if self.config.cache_aware_wait_s > 0 and self.blocks.enable_reuse:
-            return self._cache_aware_next(ready, now)
-        return min(ready, key=key)
-
-    def _cache_aware_next(self, ready: list[Request], now: float) -> Request:
-        """SGLang's longest-prefix-first, bounded: within a priority level, a request whose prompt has more blocks
-        in the cache goes first, unless another has waited `cache_aware_wait_s` (then arrival order). Only the
-        oldest CACHE_AWARE_WINDOW waiting requests are looked up, so a long queue costs no more than that."""
-        aging, bound, size = self.config.priority_aging_s, self.config.cache_aware_wait_s, self.blocks.block_size
-        window = sorted(ready, key=lambda r: r.arrival_time)[:CACHE_AWARE_WINDOW]
-
-        def key(r: Request):
-            age = now - r.arrival_time
-            starving = age >= bound
-            cached = 0 if starving else len(self.blocks.lookup(r.token_ids(0, r.num_tokens),
-                                                               (r.num_tokens - 1) // size))
-            return (r.num_preemptions == 0, -int(r.priority + age / aging), not starving, -cached, r.arrival_time)
-
-        return min(window, key=key)
 
     def _reusable(self, request: Request) -> list[int]:
         """Computed full blocks `request` can take instead of computing them: its prefix's, found in the cache, or
@@ -343,12 +310,3 @@ class Scheduler:
         oldest = min(r.arrival_time for r in self.waiting)
         return len(self.waiting) >= self.config.max_batch_size or now - oldest >= self.config.max_queue_delay_s
 
-
-def _awaits_source(request: Request) -> bool:
-    """Its prompt's source is admitted (or about to be) but has not computed the prompt yet: sharing is worth
-    the wait (the source's next step computes it). A finished or preempted source is not waited for."""
-    source = request.prefix_source
-    if source is None or source.status.is_finished or request.num_preemptions:
-        return False
-    return source.status == RequestStatus.WAITING and not source.num_preemptions or \
-        (source.status == RequestStatus.RUNNING and source.num_computed_tokens < request.num_prompt_tokens - 1)

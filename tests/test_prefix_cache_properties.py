@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from inflight_backend.block_manager import BlockManager, blocks_for
 from inflight_backend.request import Request, RequestStatus, SamplingParams
 from inflight_backend.scheduler import Scheduler, SchedulerConfig
+from inflight_backend.waiting_order import next_waiting
 from tests.test_scheduler_properties import fake_token, finish_step
 
 
@@ -119,7 +120,6 @@ def test_cache_aware_admission_prefers_cached_prefixes_but_not_forever():
     """With cache_aware_wait_s, of two waiting requests the one whose prompt is cached goes first; once the other
     has waited the bound, arrival order again."""
     bm = BlockManager(num_blocks=64, block_size=4, enable_reuse=True)
-    sched = Scheduler(SchedulerConfig(1, 64, cache_aware_wait_s=5.0), bm)
     cached_prompt = list(range(20))
     bm.allocate("warm", 20)
     bm.commit("warm", lambda a, b: cached_prompt[a:b], 20)
@@ -127,9 +127,6 @@ def test_cache_aware_admission_prefers_cached_prefixes_but_not_forever():
     cold = Request("cold", [99] * 20, SamplingParams(max_tokens=1))
     warm = Request("hot", cached_prompt, SamplingParams(max_tokens=1))
     cold.arrival_time, warm.arrival_time = 100.0, 100.5
-    sched.waiting = [cold, warm]
-    assert sched._cache_aware_next([cold, warm], 101.0) is warm  # younger, but its prefix is cached
-    assert sched._cache_aware_next([cold, warm], 105.5) is cold  # cold has waited 5.5 s: arrival order
-    plain = Scheduler(SchedulerConfig(1, 64), bm)
-    plain.waiting = [cold, warm]
-    assert plain._next_waiting() is cold
+    assert next_waiting([cold, warm], 101.0, 10.0, 5.0, bm) is warm  # younger, but its prefix is cached
+    assert next_waiting([cold, warm], 105.5, 10.0, 5.0, bm) is cold  # cold has waited 5.5 s: arrival order
+    assert next_waiting([cold, warm], 101.0, 10.0, 0.0, bm) is cold  # not cache-aware: arrival order
