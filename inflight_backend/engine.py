@@ -253,7 +253,7 @@ class InflightEngine:
         request.last_token_time = now
         token = request.output_ids[-1]
         out_text = self._texts[request.req_id]
-        text = out_text.add(token)
+        text = out_text.detok.add(token)
         p = request.params
         stop = self._stop(request, token, text, out_text) if len(request.output_ids) >= p.min_tokens else None
         held = out_text.holds
@@ -277,7 +277,7 @@ class InflightEngine:
             return -1, None
         if p.stop_token_seqs and any(ends_with(request.output_ids, seq) for seq in p.stop_token_seqs):
             return -1, str(token)
-        return out_text.stop_string(delta)
+        return out_text.stop_string(delta) if delta and p.stop_words else None
 
     def _finish(self, request: Request, status: RequestStatus, token_ids: list[int], text: str,
                 flush: bool = True) -> RequestOutput:

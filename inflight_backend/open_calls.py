@@ -23,6 +23,9 @@ class OpenCalls:
         self._sequences: dict[str, Sequence] = {}  # written by Triton's thread, then by the responder only
         self._lock = threading.Lock()
         self._final_lock = threading.Lock()  # between a call's closing and an is_cancelled() on its sender
+        # Responder, once per output: the sequence it belongs to, None once finished (the dict's own get: no
+        # Python frame per token)
+        self.sequence: Callable[[str], Sequence | None] = self._sequences.get
 
     def open(self, call: Call, sequences: dict[str, Sequence]) -> None:
         """Triton's thread, before any of `sequences` is submitted."""
@@ -30,10 +33,6 @@ class OpenCalls:
         self._sequences.update(sequences)
         with self._lock:
             self._calls[call.key] = call
-
-    def sequence(self, req_id: str) -> Sequence | None:
-        """Responder: the sequence an engine output belongs to (None once finished)."""
-        return self._sequences.get(req_id)
 
     def finish(self, req_id: str, seq: Sequence) -> bool:
         """Responder: `seq` has had its last output. True when that ends its call, which is then closed: its

@@ -10,33 +10,24 @@ from .request import RequestStatus
 
 
 class OutputText:
-    """`detok` decodes the request's tokens (NoText where nothing needs text); `stop_words` are its stop strings;
-    `cut`: they are removed from the output, so text that could begin one waits."""
+    """`detok` decodes the request's tokens (NoText where nothing needs text): the engine calls its `add(token)`
+    for each new token's text; `stop_words` are the request's stop strings; `cut`: they are removed from the
+    output, so text that could begin one waits (`holds`)."""
 
-    __slots__ = ("detok", "_stop_words", "_longest", "_sent", "_hold")
+    __slots__ = ("detok", "holds", "_stop_words", "_longest", "_sent", "_hold")
 
     def __init__(self, detok: IncrementalDetokenizer | NoText, stop_words: tuple[str, ...] = (),
                  cut: bool = False) -> None:
         self.detok = detok
         self._stop_words = stop_words
         self._longest = max((len(w) for w in stop_words), default=0)
-        self._sent: int | None = 0 if cut and stop_words else None  # how much of detok.text went out
+        self.holds = bool(cut and stop_words)  # text waits here (release) rather than leaving as it is decoded
+        self._sent: int | None = 0 if self.holds else None  # how much of detok.text went out
         self._hold = self._longest - 1  # characters held back while no stop string has come
-
-    @property
-    def holds(self) -> bool:
-        """Whether text waits here (stop strings cut from the output) rather than leaving as it is decoded."""
-        return self._sent is not None
-
-    def add(self, token: int) -> str:
-        """The text `token` adds (possibly none yet: half a UTF-8 character)."""
-        return self.detok.add(token)
 
     def stop_string(self, delta: str) -> tuple[int, str] | None:
         """After a token that added `delta`: (where in the text it starts, the stop string) for the first stop
         string now in the text, or None. Only the window `delta` can have completed is searched."""
-        if not delta or not self._stop_words:
-            return None
         text = self.detok.text
         window = max(len(text) - self._longest - len(delta), 0)
         found = [(k, w) for w in self._stop_words if (k := text.find(w, window)) >= 0]

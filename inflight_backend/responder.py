@@ -54,8 +54,9 @@ class Responder:
         (tests rely on it)."""
         start = time.perf_counter()
         ready = []
+        sequence = self._calls.sequence
         for out in outputs:
-            seq = self._calls.sequence(out.req_id)
+            seq = sequence(out.req_id)
             if seq is None:
                 continue
             last = out.finished and self._calls.finish(out.req_id, seq)

@@ -25,8 +25,8 @@ def feed(text: OutputText, chars: str):
     """(released text, stop) for each character fed; stops at the first stop string."""
     released = []
     for c in chars:
-        delta = text.add(ord(c))
-        stop = text.stop_string(delta)
+        delta = text.detok.add(ord(c))
+        stop = text.stop_string(delta) if delta else None
         released.append(text.release(stop and stop[0]) if text.holds else delta)
         if stop is not None:
             return "".join(released), stop
