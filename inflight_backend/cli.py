@@ -7,7 +7,8 @@ import queue
 import sys
 from pathlib import Path
 
-from .server import BUILD_DIR, PROJECT_ROOT, RESTRICTED_APIS, ServerError, TritonServer
+from .paths import BUILD_DIR, PROJECT_ROOT
+from .server import RESTRICTED_APIS, ServerError, TritonServer
 
 DEFAULT_MODEL_DIR = BUILD_DIR / "models" / "tiny-llama"
 

@@ -4,7 +4,8 @@ import socket
 import pytest
 
 from inflight_backend.cli import main
-from inflight_backend.server import ServerError, TritonInstall, TritonServer, check_ports_free
+from inflight_backend.server import ServerError, TritonServer, check_ports_free
+from inflight_backend.triton_install import TritonInstall
 
 
 def command(**kwargs):
