@@ -15,7 +15,8 @@ from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from .attention import AttentionBackend
-from .models.llama import LlamaConfig, LlamaForCausalLM
+from .models.llama import LlamaForCausalLM
+from .models.llama_config import LlamaConfig
 
 
 class CheckpointError(ValueError):

@@ -14,7 +14,7 @@ import numpy as np
 from .block_manager import BlockManager, blocks_for
 from .chat import ChatTemplate
 from .checkpoint import load_config, load_tokenizer
-from .models.llama import LlamaConfig
+from .models.llama_config import LlamaConfig
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer, NoText, byte_fallback_ids, special_ids
 from .output_text import OutputText

@@ -26,7 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 from safetensors.torch import load_file
 
 from ..checkpoint import load_config
-from ..models.llama import LlamaConfig, Rotary
+from ..models.llama import Rotary
+from ..models.llama_config import LlamaConfig
 
 DOMAIN = "inflight"
 OP_TYPE = "PagedAttention"
