@@ -26,6 +26,7 @@ from inflight_backend.calls import Call, Sequence
 from inflight_backend.cancel_watcher import CancelWatcher
 from inflight_backend.config import EngineConfig, instance_count
 from inflight_backend.engine import InflightEngine
+from inflight_backend.metrics import TritonMetrics
 from inflight_backend.open_calls import OpenCalls
 from inflight_backend.request import QueueFull, RequestError, ServerStopping
 from inflight_backend.responder import Responder
@@ -60,13 +61,14 @@ class TritonPythonModel:
         # response sender): intake amortised over a burst. The backend still batches every iteration itself.
         self._intake = _intake(model_config)
         self._name = args["model_name"]
+        metrics = TritonMetrics(pb_utils, self._name)
         self._open = OpenCalls()
         self._ids = itertools.count()
         self._stop_signal = StopSignal.from_environment()
         self._stopping: str | None = None  # once set: the message every open and new request ends with
         engine = InflightEngine(self.config)
         gc_tuning.for_serving()  # what exists now lives as long as the stub
-        self.responder = Responder(pb_utils, self._name, self._open, engine.tokenizer.decode,
+        self.responder = Responder(pb_utils, self._name, metrics, self._open, engine.tokenizer.decode,
                                    partial(blocks_for, block_size=engine.blocks.block_size))
         threads = self.config.cpu_threads or openmp_pool.share(instance_count(model_config))
         self.loop = BatchLoop(engine, self.responder.emit, on_idle=self.responder.on_idle, threads=threads)

@@ -28,15 +28,15 @@ class Responder:
     """`emit` and `on_idle` run on the batch loop's responder thread; `reject` on Triton's, `note_stopping` on
     the cancel watcher's. `decode(ids)` is the tokenizer's; `blocks_for(tokens)` the KV blocks that many take."""
 
-    def __init__(self, pb_utils, name: str, open_calls: OpenCalls, decode: Callable[[list[int]], str],
-                 blocks_for: Callable[[int], int]) -> None:
+    def __init__(self, pb_utils, name: str, metrics: TritonMetrics, open_calls: OpenCalls,
+                 decode: Callable[[list[int]], str], blocks_for: Callable[[int], int]) -> None:
         self._pb = pb_utils
         self._final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         self._name = name
         self._calls = open_calls
         self._decode = decode
         self._blocks_for = blocks_for
-        self.metrics = TritonMetrics(pb_utils, name)
+        self.metrics = metrics
         self._lock = threading.Lock()  # guards _rejected and _drained_logged
         self._rejected: Counter[str] = Counter()  # by reason, since the last publish (Triton's thread adds)
         # Requests ended since the last publish, by finish reason: counted with the stats they came with, one

@@ -5,8 +5,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from inflight_backend.calls import Call, Sequence
-from inflight_backend.outputs import RequestOutput, RequestTimes
+from inflight_backend.metrics import TritonMetrics
 from inflight_backend.open_calls import OpenCalls
+from inflight_backend.outputs import RequestOutput, RequestTimes
 from inflight_backend.responder import Responder
 from inflight_backend.stats import EngineStats
 
@@ -74,8 +75,9 @@ def make(**call_kw):
     logged: list[str] = []
     Family.made = []
     open_calls = OpenCalls()
-    responder = Responder(fake_pb_utils(logged), "m", open_calls, lambda ids: "".join(f"<{i}>" for i in ids),
-                          lambda tokens: -(-tokens // 16))
+    pb_utils = fake_pb_utils(logged)
+    responder = Responder(pb_utils, "m", TritonMetrics(pb_utils, "m"), open_calls,
+                          lambda ids: "".join(f"<{i}>" for i in ids), lambda tokens: -(-tokens // 16))
     return responder, open_calls, logged
 
 
