@@ -22,12 +22,19 @@ Before timing, every target but `hf:` (which is transformers) answers 4 prompts 
 transformers' tokens. `--temperature T [--top-p P]`: the timed requests of the engine, triton and peer targets
 sample (llama.cpp's other samplers, top-k and min-p, off), each request unseeded. Writes every run's metrics as
 JSON (`--out`) and prints a markdown table.
+
+`--baseline REV` times an older commit side by side: each round runs REV's own serve_bench (in a worktree,
+build/baseline/COMMIT, its native kernels built there) and this tree's, each in a fresh process with the same
+arguments and one round, REV first in even rounds and this tree first in odd ones; targets are reported as
+`TARGET@COMMIT`, with this tree's figure over REV's per round and the median.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -35,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import targets as T  # noqa: E402
+from benchmarks.baseline_tree import ROOT, baseline_tree, commit_label, without_options  # noqa: E402
 from benchmarks import triton_target  # noqa: E402
 from benchmarks.records import percentile, summarize  # noqa: E402
 from benchmarks.workload import WorkItem, load  # noqa: E402
@@ -153,7 +161,19 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--ratio-metrics", nargs="+", default=["output_tokens_per_s"], metavar="METRIC",
                         help="summary fields the ratios compare (e.g. itl_p99_s ttft_p50_s)")
     parser.add_argument("--out", help="write all runs as JSON here")
+    parser.add_argument("--baseline", metavar="REV", help="an older commit to time side by side (module docstring)")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    if args.baseline:
+        tree = baseline_tree(args.baseline)
+        old, new = commit_label(tree), commit_label()
+        runs = side_by_side(args, argv, [(old, tree), (new, ROOT)])
+        print(table(runs))
+        for metric in args.ratio_metrics:
+            print()
+            print(ratio_table(runs, [(f"{spec}@{new}", f"{spec}@{old}") for spec in args.targets], metric))
+        _write(args, runs)
+        return runs
     items = load(args.workload)
     runs = []
     with tempfile.TemporaryDirectory(prefix="inflight-bench-") as tmp:
@@ -171,10 +191,38 @@ def main(argv=None) -> list[dict]:
     for metric in args.ratio_metrics if args.ratios else []:
         print()
         print(ratio_table(runs, [tuple(pair.split("/")) for pair in args.ratios], metric))
+    _write(args, runs)
+    return runs
+
+
+def _write(args, runs: list[dict]) -> None:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
+
+
+def side_by_side(args, argv: list[str], sides: list[tuple[str, Path]]) -> list[dict]:
+    """--baseline: every round, each side's serve_bench ((label, tree): REV's, then this one's) once in a fresh
+    process, in turns; its targets renamed TARGET@label."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="inflight-bench-") as tmp:
+        for rnd in range(args.repeat):
+            for label, root in sides if rnd % 2 == 0 else sides[::-1]:
+                out = Path(tmp) / f"{rnd}-{label}.json"
+                subprocess.run([sys.executable, "-m", "benchmarks.serve_bench", *child_argv(argv, args), "--out",
+                                str(out)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                               stdout=subprocess.DEVNULL, check=True)
+                runs += [{**run, "target": f"{run['target']}@{label}", "round": rnd}
+                         for run in json.loads(out.read_text())["runs"]]
     return runs
+
+
+def child_argv(argv: list[str], args) -> list[str]:
+    """The arguments of one side's round: these, less --baseline, --repeat and --out, with one round and the
+    checkpoint and workload as absolute paths (each side runs in its own tree)."""
+    kept = without_options(argv, {"--baseline", "--repeat", "--out", "--checkpoint", "--workload"})
+    return [*kept, "--checkpoint", str(Path(args.checkpoint).resolve()), "--workload",
+            str(Path(args.workload).resolve()), "--repeat", "1"]
 
 
 def run_target(spec: str, args, workdir: Path, items, rnd: int) -> list[dict]:

@@ -25,7 +25,8 @@ this machine's cores: the client's share shows whether it, not the server, was t
 
 --baseline REV runs this same script against a git worktree of REV (build/baseline/COMMIT, made once, its native
 kernels built there: its backend, engine and server code, in their own processes) and against this tree, round
-by round (REV, this, REV, this... for --repeat rounds, so a slow phase of this noisy machine hits both), and
+by round (REV then this, this then REV, ... for --repeat rounds, so a slow phase of this noisy machine hits both
+and neither always goes first), and
 prints both side by side with the ratio of their median rounds. REV needs `engine: null` (528449f or later).
 """
 from __future__ import annotations
@@ -48,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 # is a baseline tree, by top-level names that the spawned client processes find on the sys.path they inherit.
 sys.path.append(str(Path(__file__).resolve().parent))
 
+from baseline_tree import baseline_tree, commit_label  # noqa: E402
 from ceiling_clients import grpc_client, http_client  # noqa: E402
 from proc_stat import server_cpu  # noqa: E402
 from inflight_backend.block_manager import blocks_for  # noqa: E402
@@ -168,7 +170,7 @@ def median_rounds(rounds: list[dict]) -> dict:
 
 
 def _measure_once(args) -> dict:
-    results: dict = {"commit": _commit(), "runs": []}
+    results: dict = {"commit": commit_label(ROOT), "runs": []}
     for transport in [t for t in args.transports if t in IN_PROCESS]:
         for n in args.streams:
             r = in_process(args.checkpoint, n, args.prompt_len, args.output_len, text=transport == "inprocess")
@@ -206,17 +208,6 @@ def _vocab(checkpoint: str) -> int:
     return load_config(checkpoint).vocab_size
 
 
-def _commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                                 capture_output=True, text=True, check=True).stdout.strip()
-        return head + "+" if changed else head  # +: uncommitted changes on top of it
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 def _progress(run: dict) -> None:
     print(f"  {run['transport']:9s} {run['streams']:4d} streams: {run['tokens_per_s']:9.0f} tokens/s", file=sys.stderr,
           flush=True)
@@ -234,22 +225,6 @@ def baseline(args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "SERVING_CEILING_TREE": str(tree)}
     subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], cwd=tree, env=env, check=True)
     return json.loads(out.read_text())
-
-
-def baseline_tree(rev: str) -> Path:
-    """build/baseline/COMMIT: a worktree of `rev` with its own native kernels built (without them its engine would
-    fall back to torch's ops and measure something this tree does not run), made once per commit."""
-    commit = subprocess.run(["git", "rev-parse", "--short", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.strip()
-    tree = ROOT / "build" / "baseline" / commit
-    if not tree.exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True)
-    if not (tree / "build" / "lib").is_dir():
-        build = tree / "build" / "cmake"
-        subprocess.run(["cmake", "-S", str(tree), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"], check=True,
-                       stdout=subprocess.DEVNULL)
-        subprocess.run(["cmake", "--build", str(build), "-j"], check=True, stdout=subprocess.DEVNULL)
-    return tree
 
 
 def table(results: list[dict]) -> str:
@@ -310,11 +285,14 @@ def main(argv=None) -> None:
     global ENGINE
     ENGINE = args.engine
     EXTRA.update(p.split("=", 1) for p in args.param)
-    if args.baseline:  # rounds interleaved (old, new, old, new...): a slow phase of the machine hits both
+    if args.baseline:  # rounds interleaved, each tree first in turn: a slow phase of the machine hits both
         old, new = [], []
-        for _ in range(args.repeat):
+        for rnd in range(args.repeat):
+            if rnd % 2:
+                new.append(_measure_once(args))
             old.append(baseline(argparse.Namespace(**{**vars(args), "repeat": 1})))
-            new.append(_measure_once(args))
+            if not rnd % 2:
+                new.append(_measure_once(args))
         results = [median_rounds(old), median_rounds(new)]
     else:
         results = [measure(args)]

@@ -12,7 +12,8 @@ import pytest
 
 from benchmarks.timeline import step_kind_table
 from benchmarks.records import RequestRecord, percentile, summarize
-from benchmarks.serve_bench import arrival_sets, chunk_budget, make_target, ratio_table
+from benchmarks.baseline_tree import without_options
+from benchmarks.serve_bench import arrival_sets, child_argv, chunk_budget, make_target, ratio_table
 from benchmarks.workload import load, make_chat_workload, make_system_prompt_workload, make_workload, save
 
 
@@ -390,3 +391,17 @@ def test_triton_http_suffix_streams_over_generate_stream(monkeypatch):
     assert made["transport"] == "http"
     make_target("triton:fused", args, Path("/tmp"))
     assert made["transport"] == "grpc"
+
+
+def test_a_baseline_rounds_arguments_are_this_runs_less_the_side_by_side_ones(tmp_path, monkeypatch):
+    """serve_bench --baseline: each side's round gets the same arguments, one round, no --out of its own, and
+    the checkpoint and workload as absolute paths (it runs in its own tree)."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["--checkpoint", "models/m", "--workload=w.jsonl", "--targets", "triton:fused", "engine:fused",
+            "--baseline", "HEAD~1", "--repeat", "5", "--out", "r.json", "--dtype", "bfloat16"]
+    args = argparse.Namespace(checkpoint="models/m", workload="w.jsonl")
+    child = child_argv(argv, args)
+    assert child == ["--targets", "triton:fused", "engine:fused", "--dtype", "bfloat16",
+                     "--checkpoint", str(tmp_path / "models/m"), "--workload", str(tmp_path / "w.jsonl"),
+                     "--repeat", "1"]
+    assert without_options(["--a", "1", "--b=2", "--c", "3"], {"--a", "--b"}) == ["--c", "3"]
