@@ -22,6 +22,7 @@ from .outputs import RequestOutput, RequestTimes
 from .runners.base import ModelRunner
 from .runners.step_inputs import context_rows
 from .request import PromptLimits, PromptTooLarge, Request, RequestError, RequestStatus, SamplingParams
+from .request_limits import RequestLimits
 from .sampler import Sampler
 from .token_rules import TokenInfo, apply_logit_rules, ends_with, token_infos
 from .scheduler import Scheduler, SchedulerConfig
@@ -43,6 +44,9 @@ class InflightEngine:
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_kv_cache_reuse)
         self.scheduler = Scheduler(SchedulerConfig.from_engine_config(config), self.blocks)
         self.runner = runner or _make_runner(config, num_blocks, self.model_config)
+        self.request_limits = RequestLimits(self.runner.vocab_size, self.max_model_len, config.block_size,
+                                            num_blocks, config.max_num_tokens, config.enable_chunked_prefill,
+                                            context_logits=config.engine != "tensorrt")
         self.sampler = Sampler()
         self.stats = EngineStats(kv_blocks_total=num_blocks)
         self._requests: dict[str, Request] = {}
@@ -91,35 +95,8 @@ class InflightEngine:
                             self.config.max_prompt_tokens or self.max_model_len - 1)
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise RequestError if this request can never be served. Pure: safe from any thread."""
-        n = len(prompt_ids)
-        if n == 0:
-            raise RequestError("empty prompt: give a non-empty text_input or input_ids")
-        bad = [t for t in prompt_ids if not 0 <= t < self.runner.vocab_size]
-        if bad:
-            raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.runner.vocab_size})")
-        if params.max_tokens <= 0:
-            raise RequestError(f"max_tokens must be > 0, got {params.max_tokens}")
-        if not 0 <= params.min_tokens <= params.max_tokens:
-            raise RequestError(f"min_tokens must be in [0, max_tokens], got {params.min_tokens}")
-        if n + params.max_tokens > self.max_model_len:
-            raise RequestError(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
-                               f"context of {self.max_model_len} tokens")
-        needed = blocks_for(n + params.max_tokens - 1, self.blocks.block_size)
-        if needed > self.blocks.num_blocks:
-            raise RequestError(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) needs {needed} KV blocks; "
-                               f"the pool has {self.blocks.num_blocks}")
-        if n > self.config.max_num_tokens and not self.config.enable_chunked_prefill:
-            raise RequestError(f"prompt ({n} tokens) exceeds max_num_tokens ({self.config.max_num_tokens}) "
-                               "and chunked prefill is off")
-        if params.end_id is not None and not -1 <= params.end_id < self.runner.vocab_size:
-            raise RequestError(f"end_id {params.end_id} is outside the vocabulary (-1: no end token)")
-        if params.return_context_logits and self.config.engine == "tensorrt":
-            raise RequestError("return_context_logits: the TensorRT engine returns logits of sampled tokens only "
-                               "(use engine pytorch)")
-        for name, seqs in (("stop_words_list", params.stop_token_seqs), ("bad_words_list", params.bad_token_seqs)):
-            if any(not 0 <= t < self.runner.vocab_size for seq in seqs for t in seq):
-                raise RequestError(f"{name}: a token id is outside the vocabulary [0, {self.runner.vocab_size})")
+        """Raise RequestError if this request can never be served (request_limits.py). Safe from any thread."""
+        self.request_limits.check(prompt_ids, params)
 
     def add_request(self, req_id: str, prompt_ids: list[int], params: SamplingParams, priority: int = 0,
                     arrival_time: float | None = None, share_prompt_with: str | None = None) -> None:
