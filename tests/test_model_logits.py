@@ -10,7 +10,7 @@ from inflight_backend.block_manager import BlockManager
 from inflight_backend.runners.torch_runner import TorchRunner
 from inflight_backend.make_model import TinySpec, make_model
 from inflight_backend.request import Request, SamplingParams
-from inflight_backend.scheduler import ScheduledRequest, SchedulerOutput, is_decode
+from inflight_backend.scheduler_output import ScheduledRequest, SchedulerOutput, is_decode
 
 ATOL = 2e-3  # fp32 logits of magnitude ~10-40; observed differences are ~1e-5
 

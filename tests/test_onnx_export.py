@@ -8,7 +8,7 @@ from inflight_backend.block_manager import BlockManager
 from inflight_backend.runners.step_inputs import StepInputs
 from inflight_backend.runners.torch_runner import TorchRunner
 from inflight_backend.request import Request, SamplingParams
-from inflight_backend.scheduler import ScheduledRequest, SchedulerOutput, is_decode
+from inflight_backend.scheduler_output import ScheduledRequest, SchedulerOutput, is_decode
 
 onnx = pytest.importorskip("onnx", reason="onnx is not installed (pip install .[tensorrt])")
 from inflight_backend.tensorrt.onnx_export import DOMAIN, OP_TYPE, export  # noqa: E402

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..scheduler import SchedulerOutput
+from ..scheduler_output import SchedulerOutput
 
 
 class ModelRunner:

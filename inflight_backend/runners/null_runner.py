@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..scheduler import SchedulerOutput
+from ..scheduler_output import SchedulerOutput
 from .base import ModelRunner
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..scheduler import ScheduledRequest, SchedulerOutput
+from ..scheduler_output import ScheduledRequest, SchedulerOutput
 
 
 def context_rows(item: ScheduledRequest) -> range:

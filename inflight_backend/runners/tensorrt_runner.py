@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..scheduler import SchedulerOutput
+from ..scheduler_output import SchedulerOutput
 from .base import ModelRunner
 from .step_inputs import StepInputs
 

@@ -6,7 +6,7 @@ import torch
 from ..attention import AttentionMetadata, make_backend
 from ..checkpoint import load_model
 from ..models import device_kernels
-from ..scheduler import SchedulerOutput
+from ..scheduler_output import SchedulerOutput
 from .base import ModelRunner
 from . import kv_pool
 from .cuda_graphs import DecodeGraphs
