@@ -165,15 +165,7 @@ def main(argv=None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.baseline:
-        tree = baseline_tree(args.baseline)
-        old, new = commit_label(tree), commit_label()
-        runs = side_by_side(args, argv, [(old, tree), (new, ROOT)])
-        print(table(runs))
-        for metric in args.ratio_metrics:
-            print()
-            print(ratio_table(runs, [(f"{spec}@{new}", f"{spec}@{old}") for spec in args.targets], metric))
-        _write(args, runs)
-        return runs
+        return against_baseline(args, argv)
     items = load(args.workload)
     runs = []
     with tempfile.TemporaryDirectory(prefix="inflight-bench-") as tmp:
@@ -199,6 +191,19 @@ def _write(args, runs: list[dict]) -> None:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
+
+
+def against_baseline(args, argv: list[str]) -> list[dict]:
+    """--baseline: both trees' rounds, their table, and this tree's figure over REV's for every target."""
+    tree = baseline_tree(args.baseline)
+    old, new = commit_label(tree), commit_label()
+    runs = side_by_side(args, argv, [(old, tree), (new, ROOT)])
+    print(table(runs))
+    for metric in args.ratio_metrics:
+        print()
+        print(ratio_table(runs, [(f"{spec}@{new}", f"{spec}@{old}") for spec in args.targets], metric))
+    _write(args, runs)
+    return runs
 
 
 def side_by_side(args, argv: list[str], sides: list[tuple[str, Path]]) -> list[dict]:
