@@ -19,7 +19,6 @@ import traceback
 from collections.abc import Callable
 
 from . import openmp_pool
-from .block_manager import blocks_for
 from .engine import InflightEngine
 from .outputs import RequestOutput
 from .outbox import Outbox
@@ -81,9 +80,6 @@ class BatchLoop:
         threads = f", {self.threads} CPU threads" if self.threads else ""
         return (f"{engine.blocks.num_blocks} KV blocks of {engine.blocks.block_size} tokens{threads}, "
                 f"engine: {engine.runner.describe()}")
-
-    def blocks_for(self, num_tokens: int) -> int:
-        return blocks_for(num_tokens, self.engine.blocks.block_size)
 
     def submit(self, req_id: str, prompt_ids: list[int], params: SamplingParams, priority: int = 0,
                arrival_time: float | None = None, share_prompt_with: str | None = None) -> None:

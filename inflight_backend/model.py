@@ -69,7 +69,7 @@ class TritonPythonModel:
         engine = InflightEngine(self.config)
         gc_tuning.for_serving()  # what exists now lives as long as the stub
         self.responder = Responder(pb_utils, self._name, metrics, self._open, engine.tokenizer.decode,
-                                   partial(blocks_for, block_size=engine.blocks.block_size))
+                                   partial(blocks_for, block_size=self.config.block_size))
         threads = self.config.cpu_threads or openmp_pool.share(instance_count(model_config))
         self.loop = BatchLoop(engine, self.responder.emit, on_idle=self.responder.on_idle, threads=threads)
         self.limits = self.loop.prompt_limits()
@@ -107,10 +107,9 @@ class TritonPythonModel:
         try:
             rows = self._parse(request)
         except Exception as exc:  # anything unforeseen still ends this request alone, with FINAL
-            if isinstance(exc, RequestError):
-                self.responder.reject(sender, exc.reason, str(exc))
-            else:
-                self.responder.reject(sender, "invalid", f"invalid request: {type(exc).__name__}: {exc}")
+            reason = exc.reason if isinstance(exc, RequestError) else "invalid"
+            message = str(exc) if isinstance(exc, RequestError) else f"invalid request: {type(exc).__name__}: {exc}"
+            self.responder.reject(sender, reason, message)
             return
         call = Call(str(next(self._ids)), sender, rows[0].stream, not self.decoupled, self.batched,
                     _requested(request), pad_id=rows[0].pad_id)

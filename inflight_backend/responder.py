@@ -83,7 +83,7 @@ class Responder:
         under `reason` in the rejection metric."""
         with self._lock:
             self._rejected[reason] += 1
-        self.send_error(sender, message)
+        self._send_error(sender, message, final=True)
 
     def note_stopping(self) -> None:
         """Watcher: the server is stopping (every stream is being ended); log once when none is left open."""
@@ -91,8 +91,8 @@ class Responder:
         if not self._calls:
             self._log_drained()
 
-    def send_error(self, sender, message: str) -> None:
-        self._send(sender, self._pb.InferenceResponse(error=self._pb.TritonError(message)), self._final)
+    def _send_error(self, sender, message: str, final: bool) -> None:
+        self._send(sender, self._pb.InferenceResponse(error=self._pb.TritonError(message)), self._final if final else 0)
 
     def _log_drained(self) -> None:
         """Once per stop: every stream has had its FINAL, so no response factory of ours holds the model in
@@ -119,10 +119,9 @@ class Responder:
             if call.unary:
                 call.error = call.error or out.error
                 if last:
-                    self.send_error(call.sender, call.error)
+                    self._send_error(call.sender, call.error, final=True)
             else:
-                error = self._pb.InferenceResponse(error=self._pb.TritonError(out.error))
-                self._send(call.sender, error, self._final if last else 0)
+                self._send_error(call.sender, out.error, final=last)
             return
         if call.stream:
             sent = calls.held_back(seq, out) if seq.stream_interval > 1 else out
@@ -140,7 +139,7 @@ class Responder:
         call.parts.append((seq.batch_index, seq.sequence_index, tensors))
         if last:
             if call.error is not None:
-                self.send_error(call.sender, call.error)
+                self._send_error(call.sender, call.error, final=True)
             else:
                 self._respond(call, [t for _, _, t in sorted(call.parts, key=lambda p: p[:2])], True)
 
