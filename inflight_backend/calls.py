@@ -19,12 +19,14 @@ class Call:
     key: str
     sender: Any  # pb_utils.InferenceResponseSender (exists only inside Triton)
     stream: bool
-    unary: bool  # a non-decoupled model: exactly one response, holding every sequence
+    # Exactly one response, holding every sequence: unary calls (a non-decoupled model), and non-streamed calls
+    # in the unbatched layout (Triton's /generate takes exactly one response; vLLM's backend sends n texts in one)
+    whole: bool
     batched: bool  # TensorRT-LLM's layout: responses keep the batch and beam axes
     outputs: frozenset[str] | None  # the outputs the client asked for; None: all of them
     open: set[str] = field(default_factory=set)  # its sequences' ids not finished yet
-    parts: list = field(default_factory=list)  # unary: each finished sequence's tensors
-    error: str | None = None  # unary: the first sequence error (the one response carries it)
+    parts: list = field(default_factory=list)  # whole: each finished sequence's tensors
+    error: str | None = None  # whole: the first sequence error (the one response carries it)
     pad_id: int = 0
     closed: bool = False  # its FINAL is about to go or went: never ask is_cancelled() again (open_calls.py)
 

@@ -3,8 +3,9 @@
 Thin by design: `execute()` parses each request (a call: B rows in TensorRT-LLM's batched layout, each with
 num_return_sequences sequences), registers it (`open_calls.py`) and hands every sequence to the batch loop; the
 loop's responder thread turns engine outputs into responses (`responder.py`). Decoupled
-models stream; a non-decoupled one (unary calls) answers each call once, when all its sequences are done, and
-its execute() still returns at once, so concurrent unary calls share iterations. No scheduling here.
+models stream; a non-decoupled one (unary calls) answers each call once, when all its sequences are done (as
+does a decoupled one in the unbatched layout when the call does not stream), and its execute() still returns at
+once, so concurrent unary calls share iterations. No scheduling here.
 """
 from __future__ import annotations
 
@@ -111,8 +112,9 @@ class TritonPythonModel:
             message = str(exc) if isinstance(exc, RequestError) else f"invalid request: {type(exc).__name__}: {exc}"
             self.responder.reject(sender, reason, message)
             return
-        call = Call(str(next(self._ids)), sender, rows[0].stream, not self.decoupled, self.batched,
-                    _requested(request), pad_id=rows[0].pad_id)
+        stream = rows[0].stream
+        call = Call(str(next(self._ids)), sender, stream, not self.decoupled or not (stream or self.batched),
+                    self.batched, _requested(request), pad_id=rows[0].pad_id)
         sequences: dict[str, Sequence] = {}
         submits = []  # (req_id, prompt ids, params, priority, the row's first sequence: its prompt blocks' source)
         text = call.outputs is None or "text_output" in call.outputs  # else no detokenizing, per token or not

@@ -1,8 +1,9 @@
 """The responder thread's side of the Triton entry: engine outputs become responses, and metrics are published.
 
-One response per streamed token (or per merged run of them: the batch loop's outbox and `stream_interval`), one
-per sequence for non-streamed requests, one per call for unary ones; each call's last response carries FINAL,
-exactly once. `pb_utils` (triton_python_backend_utils) is passed in because it exists only inside Triton.
+One response per streamed token (or per merged run of them: the batch loop's outbox and `stream_interval`); one
+per call, holding every sequence, for unary and other non-streamed calls, but for those in TensorRT-LLM's
+decoupled batched layout (one per sequence, as TensorRT-LLM sends); each call's last response carries FINAL, exactly
+once. `pb_utils` (triton_python_backend_utils) is passed in because it exists only inside Triton.
 """
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ class Responder:
         """`last`: this output ends the call's last open sequence, so its response carries FINAL."""
         call = seq.call
         if out.error is not None:
-            if call.unary:
+            if call.whole:
                 call.error = call.error or out.error
                 if last:
                     self._send_error(call.sender, call.error, final=True)
@@ -133,7 +134,7 @@ class Responder:
             return
         tensors = self._tensors(seq, out, seq.prefix_text + "".join(seq.texts), seq.prefix_ids + seq.ids,
                                 accumulated=True)
-        if not call.unary:
+        if not call.whole:
             self._respond(call, [tensors], last)
             return
         call.parts.append((seq.batch_index, seq.sequence_index, tensors))

@@ -81,9 +81,9 @@ def make(**call_kw):
     return responder, open_calls, logged
 
 
-def open_call(open_calls, key, sender, num_sequences=1, stream=True, unary=False, stream_interval=1,
+def open_call(open_calls, key, sender, num_sequences=1, stream=True, whole=False, stream_interval=1,
               prefix_text="", prefix_ids=()):
-    call = Call(key, sender, stream, unary, False, None)
+    call = Call(key, sender, stream, whole, False, None)
     sequences = {f"{key}.{s}": Sequence(call, 0, s, prefix_text, list(prefix_ids), 0.0, frozenset(), False, 3,
                                         stream_interval=stream_interval) for s in range(num_sequences)}
     open_calls.open(call, sequences)
@@ -149,10 +149,11 @@ def test_a_non_streamed_sequence_answers_once_with_its_prefix():
     assert text_of(response) == "<1><2><3><4>"
 
 
-def test_a_unary_call_stacks_its_sequences_in_order_in_one_response():
+def test_a_whole_call_stacks_its_sequences_in_order_in_one_response():
+    """A unary call, or a non-streamed one in the unbatched layout: one response, FINAL, every sequence."""
     responder, open_calls, _ = make()
     sender = Sender()
-    _, (r0, r1) = open_call(open_calls, "u", sender, num_sequences=2, stream=False, unary=True)
+    _, (r0, r1) = open_call(open_calls, "u", sender, num_sequences=2, stream=False, whole=True)
     responder.emit([token(r1, 8, "length")], EngineStats())
     responder.emit([token(r0, 7, "stop")], EngineStats())
     (response, flags), = sender.sent
@@ -172,10 +173,20 @@ def test_an_error_ends_its_call_alone():
     assert [flags for _, flags in good.sent] == [0] and len(open_calls) == 1
 
 
-def test_a_unary_call_with_a_failed_sequence_gets_one_error():
+def test_non_streamed_sequences_of_a_batched_decoupled_call_answer_each_alone():
+    """TensorRT-LLM's decoupled layout without streaming: a response per sequence as each ends, FINAL on the last."""
     responder, open_calls, _ = make()
     sender = Sender()
-    _, (r0, r1) = open_call(open_calls, "u", sender, num_sequences=2, stream=False, unary=True)
+    _, (r0, r1) = open_call(open_calls, "b", sender, num_sequences=2, stream=False, whole=False)
+    responder.emit([token(r1, 8, "length")], EngineStats())
+    responder.emit([token(r0, 7, "stop")], EngineStats())
+    assert [(r.tensors["output_ids"].tolist(), flags) for r, flags in sender.sent] == [([8], 0), ([7], FINAL)]
+
+
+def test_a_whole_call_with_a_failed_sequence_gets_one_error():
+    responder, open_calls, _ = make()
+    sender = Sender()
+    _, (r0, r1) = open_call(open_calls, "u", sender, num_sequences=2, stream=False, whole=True)
     responder.emit([token(r0, 0, "error", error="cancelled: gone")], EngineStats())
     assert sender.sent == []
     responder.emit([token(r1, 8, "length")], EngineStats())

@@ -86,6 +86,23 @@ def test_vllm_sampling_parameters_we_cannot_honour_are_errors_naming_them(server
     assert status == 200 and json.loads(body)["text_output"].startswith(PROMPT)
 
 
+def test_n_sequences_over_http_generate_come_in_one_response(server):
+    """`n` over Triton's /generate, which takes exactly one response: one response holds every sequence, as
+    vLLM's backend answers (text_output, a text per sequence), each the request alone with seed + s."""
+    body = {"text_input": PROMPT, "max_tokens": 6, "temperature": 1.5, "seed": 21, "exclude_input_in_output": True}
+    status, text = http_post(server.http_port, "/v2/models/llm/generate",
+                             {**body, "sampling_parameters": json.dumps({"n": 3})})
+    assert status == 200 and "error" not in text, text
+    got = json.loads(text)
+    assert got["sequence_index"] == [0, 1, 2] and len(got["text_output"]) == 3
+    alone = []
+    for s in range(3):
+        status, text = http_post(server.http_port, "/v2/models/llm/generate", {**body, "seed": 21 + s})
+        assert status == 200, text
+        alone.append(json.loads(text)["text_output"])
+    assert got["text_output"] == alone and len(set(alone)) > 1  # sampled: the sequences differ
+
+
 def test_penalties_act_over_http_and_in_vllm_sampling_parameters(server, tiny_model):
     """`repetition_penalty` as an input (TensorRT-LLM's name) over HTTP /generate, and the same in vLLM's
     sampling parameters over gRPC: both give transformers' generate(repetition_penalty=1.3)."""
