@@ -51,6 +51,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from baseline_tree import baseline_tree, commit_label  # noqa: E402
 from ceiling_clients import grpc_client, http_client  # noqa: E402
+from ceiling_report import IN_PROCESS, median_rounds, notes, table  # noqa: E402
 from proc_stat import server_cpu  # noqa: E402
 from inflight_backend.block_manager import blocks_for  # noqa: E402
 from inflight_backend.config import EngineConfig  # noqa: E402
@@ -61,8 +62,6 @@ try:
     from inflight_backend import gc_tuning  # noqa: E402
 except ImportError:  # an older tree (--baseline)
     gc_tuning = None
-
-IN_PROCESS = ("inprocess", "inprocess-ids")
 
 BLOCK = 16
 
@@ -160,15 +159,6 @@ def measure(args) -> dict:
     return median_rounds([_measure_once(args) for _ in range(args.repeat)])
 
 
-def median_rounds(rounds: list[dict]) -> dict:
-    runs = []
-    for i, first in enumerate(rounds[0]["runs"]):
-        all_rounds = sorted((r["runs"][i] for r in rounds), key=lambda run: run["tokens_per_s"])
-        median = all_rounds[len(all_rounds) // 2]
-        runs.append({**median, "rounds": [run["tokens_per_s"] for run in (r["runs"][i] for r in rounds)]})
-    return {"commit": rounds[0]["commit"], "runs": runs}
-
-
 def _measure_once(args) -> dict:
     results: dict = {"commit": commit_label(ROOT), "runs": []}
     for transport in [t for t in args.transports if t in IN_PROCESS]:
@@ -227,42 +217,6 @@ def baseline(args) -> dict:
     return json.loads(out.read_text())
 
 
-def table(results: list[dict]) -> str:
-    """One row per (transport, streams); for each result set its tokens/s and CPU ms per 1k tokens; ratios."""
-    head = "| transport | streams |"
-    rule = "|---|---:|"
-    for r in results:
-        head += (f" {r['commit']} tokens/s | {r['commit']} server CPU ms / 1k tokens (triton + stub) |"
-                 f" {r['commit']} client |")
-        rule += "---:|---:|---:|"
-    if len(results) == 2:
-        head += f" {results[1]['commit']} / {results[0]['commit']} |"
-        rule += "---:|"
-    lines = [head, rule]
-    keys = [(r["transport"], r["streams"]) for r in results[-1]["runs"]]
-    for key in keys:
-        row = f"| {key[0]} | {key[1]} |"
-        found = []
-        for r in results:
-            run = next((x for x in r["runs"] if (x["transport"], x["streams"]) == key), None)
-            found.append(run)
-            if run is None:
-                row += " - | - | - |"
-                continue
-            cpu = run["cpu_ms_per_1k"]
-            server = (f"{cpu['tritonserver']:.0f} + {cpu['stub']:.0f}" if "stub" in cpu
-                      else f"{cpu['engine']:.1f} (engine)")
-            client = f"{cpu['client']:.0f}" if "client" in cpu else "-"
-            spread = ""
-            if len(run.get("rounds", [])) > 1:
-                spread = f" ({min(run['rounds']):,.0f}-{max(run['rounds']):,.0f})"
-            row += f" {run['tokens_per_s']:,.0f}{spread} | {server} | {client} |"
-        if len(results) == 2 and None not in found:
-            row += f" {found[1]['tokens_per_s'] / found[0]['tokens_per_s']:.2f} |"
-        lines.append(row)
-    return "\n".join(lines)
-
-
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -299,20 +253,8 @@ def main(argv=None) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(results[-1], indent=2))
     print(table(results))
-    for r in results:
-        for run in r["runs"]:
-            if run["transport"] in IN_PROCESS:
-                split = ", ".join(f"{k} {v:.3f}" for k, v in run["split_ms"].items())
-                print(f"{r['commit']} {run['transport']} {run['streams']}: {run['step_ms']:.3f} ms a step ({split} ms)")
-            elif run.get("executions"):
-                print(f"{r['commit']} {run['transport']} {run['streams']}: {run['executions']} execute() calls for "
-                      f"{run['streams']} requests")
-            if run.get("itl_p50_ms") is not None and run["streams"] == 1:
-                print(f"{r['commit']} {run['transport']} 1 stream: inter-token gap p50 {run['itl_p50_ms']:.3f} ms")
-            if run["transport"] not in IN_PROCESS and (run.get("errors") or run["tokens"] != run["expected_tokens"]):
-                print(f"{r['commit']} {run['transport']} {run['streams']}: {run['tokens']} of "
-                      f"{run['expected_tokens']} tokens; errors: {run.get('errors')}")
-
+    for line in notes(results):
+        print(line)
 
 if __name__ == "__main__":
     main()

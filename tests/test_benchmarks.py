@@ -13,7 +13,8 @@ import pytest
 from benchmarks.timeline import step_kind_table
 from benchmarks.records import RequestRecord, percentile, summarize
 from benchmarks.baseline_tree import without_options
-from benchmarks.serve_bench import arrival_sets, child_argv, chunk_budget, make_target, ratio_table
+from benchmarks.run_tables import ratio_table
+from benchmarks.serve_bench import arrival_sets, child_argv, chunk_budget, make_target
 from benchmarks.workload import load, make_chat_workload, make_system_prompt_workload, make_workload, save
 
 
