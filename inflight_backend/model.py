@@ -113,8 +113,9 @@ class TritonPythonModel:
             self.responder.reject(sender, reason, message)
             return
         stream = rows[0].stream
-        call = Call(str(next(self._ids)), sender, stream, not self.decoupled or not (stream or self.batched),
-                    self.batched, _requested(request), pad_id=rows[0].pad_id)
+        whole = not self.decoupled or (not stream and not self.batched)  # one response for the whole call
+        call = Call(str(next(self._ids)), sender, stream, whole, self.batched, _requested(request),
+                    pad_id=rows[0].pad_id)
         sequences: dict[str, Sequence] = {}
         submits = []  # (req_id, prompt ids, params, priority, the row's first sequence: its prompt blocks' source)
         text = call.outputs is None or "text_output" in call.outputs  # else no detokenizing, per token or not

@@ -1,9 +1,9 @@
 """The responder thread's side of the Triton entry: engine outputs become responses, and metrics are published.
 
-One response per streamed token (or per merged run of them: the batch loop's outbox and `stream_interval`); one
-per call, holding every sequence, for unary and other non-streamed calls, but for those in TensorRT-LLM's
-decoupled batched layout (one per sequence, as TensorRT-LLM sends); each call's last response carries FINAL, exactly
-once. `pb_utils` (triton_python_backend_utils) is passed in because it exists only inside Triton.
+One response per streamed token (or per merged run of them: the batch loop's outbox and `stream_interval`).
+Not streamed: one response holding every sequence (`Call.whole`: unary calls, and the unbatched layout's), or in
+TensorRT-LLM's decoupled batched layout one per sequence, as TensorRT-LLM sends them. Each call's last response
+carries FINAL, exactly once. `pb_utils` (triton_python_backend_utils) is passed in because it exists only inside Triton.
 """
 from __future__ import annotations
 
