@@ -3,6 +3,7 @@ python_backend's utilities records what each sender was sent and what the metric
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from inflight_backend.calls import Call, Sequence
 from inflight_backend.metrics import TritonMetrics
@@ -149,17 +150,19 @@ def test_a_non_streamed_sequence_answers_once_with_its_prefix():
     assert text_of(response) == "<1><2><3><4>"
 
 
-def test_a_whole_call_stacks_its_sequences_in_order_in_one_response():
-    """A unary call, or a non-streamed one in the unbatched layout: one response, FINAL, every sequence."""
+@pytest.mark.parametrize("whole", [True, False])
+def test_non_streamed_sequences_answer_in_one_response_when_whole_else_each_alone(whole):
+    """Two sequences, not streamed, ending in reverse order. A whole call (unary, or the unbatched layout's): one
+    response stacking them by sequence index, not by arrival. TensorRT-LLM's decoupled batched layout: a response
+    per sequence as each ends. FINAL on the last either way."""
     responder, open_calls, _ = make()
     sender = Sender()
-    _, (r0, r1) = open_call(open_calls, "u", sender, num_sequences=2, stream=False, whole=True)
+    _, (r0, r1) = open_call(open_calls, "u", sender, num_sequences=2, stream=False, whole=whole)
     responder.emit([token(r1, 8, "length")], EngineStats())
     responder.emit([token(r0, 7, "stop")], EngineStats())
-    (response, flags), = sender.sent
-    assert flags == FINAL
-    ids = response.tensors["output_ids"]
-    assert isinstance(ids, np.ndarray) and ids.tolist() == [[7], [8]]  # by sequence index, not by arrival
+    assert all(isinstance(r.tensors["output_ids"], np.ndarray) for r, _ in sender.sent)
+    sent = [(r.tensors["output_ids"].tolist(), flags) for r, flags in sender.sent]
+    assert sent == ([([[7], [8]], FINAL)] if whole else [([8], 0), ([7], FINAL)])
 
 
 def test_an_error_ends_its_call_alone():
@@ -171,16 +174,6 @@ def test_an_error_ends_its_call_alone():
     (response, flags), = bad.sent
     assert flags == FINAL and response.error == "engine step failed: boom"
     assert [flags for _, flags in good.sent] == [0] and len(open_calls) == 1
-
-
-def test_non_streamed_sequences_of_a_batched_decoupled_call_answer_each_alone():
-    """TensorRT-LLM's decoupled layout without streaming: a response per sequence as each ends, FINAL on the last."""
-    responder, open_calls, _ = make()
-    sender = Sender()
-    _, (r0, r1) = open_call(open_calls, "b", sender, num_sequences=2, stream=False, whole=False)
-    responder.emit([token(r1, 8, "length")], EngineStats())
-    responder.emit([token(r0, 7, "stop")], EngineStats())
-    assert [(r.tensors["output_ids"].tolist(), flags) for r, flags in sender.sent] == [([8], 0), ([7], FINAL)]
 
 
 def test_a_whole_call_with_a_failed_sequence_gets_one_error():
