@@ -92,11 +92,16 @@ _CONTEXT_TOKENS = 6  # vLLM decodes the first new token with 5 prompt tokens bef
 
 def _context(prompt_ids, skip: frozenset[int], byte_ids: frozenset[int]) -> list[int]:
     """The prompt's last few tokens that decode as text; one that falls inside a run of byte tokens takes the
-    whole run (its text depends on all of it)."""
+    whole run (its text depends on all of it). Special tokens are left out, as `decode` leaves them out before
+    it joins bytes into runs: a run goes on across them."""
     context: list[int] = []
     i = len(prompt_ids)
-    while i > 0 and (len(context) < _CONTEXT_TOKENS or (context[-1] in byte_ids and prompt_ids[i - 1] in byte_ids)):
+    while i > 0:
         i -= 1
-        if prompt_ids[i] not in skip:
-            context.append(prompt_ids[i])
+        token = prompt_ids[i]
+        if token in skip:
+            continue
+        if len(context) >= _CONTEXT_TOKENS and not (token in byte_ids and context[-1] in byte_ids):
+            break
+        context.append(token)
     return context[::-1]

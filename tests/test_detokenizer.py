@@ -78,6 +78,19 @@ def test_the_first_generated_word_keeps_its_leading_space():
     assert parts[0].startswith(" ") or "".join(parts).startswith(" ")
 
 
+def test_a_byte_run_goes_on_across_a_special_token_in_the_prompt():
+    """`decode` drops special tokens before it joins byte tokens into runs, so a run that an <unk> splits in the
+    prompt is one run, here not valid UTF-8 (it starts with a continuation byte): every byte of it, the output's
+    too, is a replacement character (hypothesis found it: the prompt's context had stopped at the <unk>)."""
+    byte = {b: SP.token_to_id(f"<0x{b:02X}>") for b in (0x00, 0x80, 0xC2, 0x5B, 0x5D, 0x5C, 0x0D)}
+    prompt = [byte[0x80], SP.token_to_id("<unk>"), byte[0xC2], byte[0x80], byte[0x5B], byte[0x5D], byte[0x5C],
+              byte[0x0D]]
+    output = [byte[0x00]]
+    whole, head = SP.decode(prompt + output), SP.decode(prompt)
+    assert whole.startswith(head) and whole[len(head):] == "\ufffd"
+    assert "".join(stream(SP, prompt, output)) == "\ufffd"
+
+
 @pytest.mark.parametrize("name", TOKENIZERS)
 def test_deltas_are_the_decode_of_prompt_and_output_minus_the_prompts(name):
     """For any ids (invalid byte runs, characters split across tokens, special tokens): the streamed deltas
