@@ -96,12 +96,12 @@ def _context(prompt_ids, skip: frozenset[int], byte_ids: frozenset[int]) -> list
     it joins bytes into runs: a run goes on across them."""
     context: list[int] = []
     i = len(prompt_ids)
-    while i > 0:
+    while i > 0 and (len(context) < _CONTEXT_TOKENS or context[-1] in byte_ids):  # short, or in a byte run
         i -= 1
         token = prompt_ids[i]
         if token in skip:
             continue
-        if len(context) >= _CONTEXT_TOKENS and not (token in byte_ids and context[-1] in byte_ids):
+        if len(context) >= _CONTEXT_TOKENS and token not in byte_ids:  # the run began after this token
             break
         context.append(token)
     return context[::-1]
