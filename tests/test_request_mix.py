@@ -47,8 +47,10 @@ def plan(rng: random.Random) -> tuple[str, str, dict, bool]:
     if rng.random() < 0.2:  # vLLM's sampling parameters beside (or against) the inputs
         body["sampling_parameters"] = json.dumps({"temperature": rng.choice((0, 0.7)), "n": rng.choice((1, 2))})
     model, endpoint = rng.choice(MODELS), rng.choice(("generate", "generate_stream"))
-    if endpoint == "generate":  # Triton's /generate takes exactly one response: no streams, and the batched
-        body.pop("stream", None)  # layout's sequences come one response each (as TensorRT-LLM's)
+    # Triton's /generate takes exactly one response: no streams there, nor several sequences in the batched
+    # layout (which answers one response per sequence, as TensorRT-LLM's backend does)
+    if endpoint == "generate":
+        body.pop("stream", None)
         if model == "ensemble":
             body.pop("num_return_sequences", None)
             body.pop("sampling_parameters", None)
