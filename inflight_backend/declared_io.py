@@ -38,6 +38,9 @@ INPUTS = {
     "return_context_logits": ("TYPE_BOOL", [1]),
     "return_generation_logits": ("TYPE_BOOL", [1]),
     "sampling_parameters": ("TYPE_STRING", [1]),  # vLLM backend: JSON in vLLM SamplingParams names
+    "embedding_bias": ("TYPE_FP32", [-1]),  # TensorRT-LLM's: [vocab], added to the logits (logit_bias.py)
+    "embedding_bias_words": ("TYPE_STRING", [-1]),  # its ensemble's: each word's tokens get its weight
+    "embedding_bias_weights": ("TYPE_FP32", [-1]),
     "return_finish_reason": ("TYPE_BOOL", [1]),  # vLLM backend: these three on every response (always on the final)
     "return_num_input_tokens": ("TYPE_BOOL", [1]),
     "return_num_output_tokens": ("TYPE_BOOL", [1]),
@@ -81,9 +84,6 @@ UNSUPPORTED = {
     "encoder_output_lengths": ("TYPE_INT32", [1], 0),
     "cross_attention_mask": ("TYPE_BOOL", [-1, -1], None),
     "skip_cross_attn_blocks": ("TYPE_BOOL", [1], False),
-    "embedding_bias": ("TYPE_FP32", [-1], 0.0),
-    "embedding_bias_words": ("TYPE_STRING", [-1], ""),
-    "embedding_bias_weights": ("TYPE_FP32", [-1], 0.0),
     "prompt_embedding_table": ("TYPE_FP16", [-1, -1], None),
     "prompt_vocab_size": ("TYPE_INT32", [1], 0),
     "prompt_table_extra_id": ("TYPE_UINT64", [1], None),

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import logit_bias
 from .declared_io import ALIASES, UNSUPPORTED
 from .request import PromptLimits, PromptTooLarge, RequestError, SamplingParams
 
@@ -57,7 +58,7 @@ def parse_request(get: Callable[[str], np.ndarray | None], encode: Callable[[str
     _check_unsupported(get)
     prompt_ids, prompt_text = _prompt(get, encode, limits, chat)
     returns = frozenset(out for flag, outs in RETURNS.items() if read.value(flag, False, bool) for out in outs)
-    params = _sampling_params(read, default_max_tokens, returns, encode_word)
+    params = _sampling_params(read, default_max_tokens, returns, encode_word, encode)
     stream, exclude = read.value("stream", False, bool), read.value("exclude_input_in_output", None, bool)
     if stream and exclude is False and not batched:  # vLLM backend's rule (and message): a stream carries only news
         raise RequestError("Error generating stream: When streaming, `exclude_input_in_output` = False is not "
@@ -108,7 +109,8 @@ class _Reader:
         return _number(array.reshape(-1)[0], given, kind)
 
 
-def _sampling_params(read: _Reader, default_max_tokens: int, returns: frozenset[str], encode_word) -> SamplingParams:
+def _sampling_params(read: _Reader, default_max_tokens: int, returns: frozenset[str], encode_word,
+                     encode) -> SamplingParams:
     get, sampling = read.get, read.sampling
     temperature = read.value("temperature", 0.0, float)
     top_k = read.value("top_k", 0, int)
@@ -124,6 +126,9 @@ def _sampling_params(read: _Reader, default_max_tokens: int, returns: frozenset[
     repetition_penalty = read.value("repetition_penalty", 1.0, float)
     if repetition_penalty <= 0:
         raise RequestError(f"repetition_penalty must be > 0, got {repetition_penalty}")
+    min_p = read.value("min_p", 0.0, float)
+    if not 0.0 <= min_p <= 1.0:
+        raise RequestError(f"min_p must be in [0, 1], got {min_p}")
     end_id = read.value("end_id", None, int)
     logprobs = sampling.get("logprobs")
     if logprobs is None and returns & {"output_log_probs", "cumulative_logprob"}:
@@ -144,6 +149,9 @@ def _sampling_params(read: _Reader, default_max_tokens: int, returns: frozenset[
         return_generation_logits="generation_logits" in returns,
         return_context_logits="context_logits" in returns,
         include_stop_str_in_output=bool(sampling.get("include_stop_str_in_output", True)),
+        logit_bias=logit_bias.merged(logit_bias.from_inputs(get, encode), sampling.get("logit_bias", {})),
+        allowed_token_ids=sampling.get("allowed_token_ids", ()),
+        min_p=min_p,
     )
 
 

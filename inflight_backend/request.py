@@ -66,6 +66,11 @@ class SamplingParams:
     return_context_logits: bool = False  # the prompt's logits (one row per prompt token), on the first output
     include_stop_str_in_output: bool = True  # False (vLLM's default): the text ends before the stop string
     detokenize: bool = True  # False: outputs carry ids and no text (the client asked for no text; no stop strings)
+    # Added to the logits before the penalties, one (token, bias) a token (vLLM's logit_bias, TensorRT-LLM's
+    # embedding_bias); and, when not empty, the only tokens that may be generated (vLLM's allowed_token_ids)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] = ()
+    min_p: float = 0.0  # sampled rows: tokens less likely than min_p x the best one's probability are dropped (vLLM's)
 
     @property
     def penalized(self) -> bool:
@@ -80,7 +85,12 @@ class SamplingParams:
     def needs_all_logits(self) -> bool:
         """Whether a step with this request must compute every logit exactly (else an argmax's are enough: a
         greedy screen may approximate the rest, models/greedy_screen.py)."""
-        return not self.greedy or self.penalized or self.needs_raw_logits or self.return_context_logits
+        return (not self.greedy or self.penalized or self.needs_raw_logits or self.return_context_logits
+                or self.biased)
+
+    @property
+    def biased(self) -> bool:
+        return bool(self.logit_bias or self.allowed_token_ids)
 
     @property
     def greedy(self) -> bool:

@@ -46,6 +46,12 @@ class RequestLimits:
         if params.return_context_logits and not self.context_logits:
             raise RequestError("return_context_logits: the TensorRT engine returns logits of sampled tokens only "
                                "(use engine pytorch)")
+        outside = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if outside:
+            raise RequestError(f"logit bias (embedding_bias, logit_bias): token id {outside[0]} is outside the "
+                               f"vocabulary [0, {vocab})")
+        if any(not 0 <= t < vocab for t in params.allowed_token_ids):
+            raise RequestError(f"allowed_token_ids: a token id is outside the vocabulary [0, {vocab})")
         for name, seqs in (("stop_words_list", params.stop_token_seqs), ("bad_words_list", params.bad_token_seqs)):
             if any(not 0 <= t < vocab for seq in seqs for t in seq):
                 raise RequestError(f"{name}: a token id is outside the vocabulary [0, {vocab})")

@@ -26,8 +26,9 @@ class Sampler:
         """logits: (N, vocab) fp32, one row per request in `req_ids` order.
 
         Returns one token per row and {row: why} for the rows that could not be sampled (their token is -1)."""
-        if self._ops is not None and cpu_ops.usable(logits):
-            tokens = cpu_ops.argmax_rows(self._ops, logits)
+        ops = self._ops if self._ops is not None and cpu_ops.usable(logits) else None
+        if ops is not None:
+            tokens = cpu_ops.argmax_rows(ops, logits)
         else:
             tokens = logits.argmax(dim=-1).tolist()
         failed: dict[int, str] = {}
@@ -36,18 +37,16 @@ class Sampler:
         rows = [row for row, p in enumerate(params) if not p.greedy and row not in failed]
         if not rows:
             return tokens, failed
-        ps = [params[row] for row in rows]
-        uniform = [float(torch.rand((), generator=self._generator(req_ids[row], p), dtype=torch.float64))
-                   for row, p in zip(rows, ps)]  # each request's own stream of draws, one a sampled token
-        temperature, top_k, top_p = [p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps]
-        if self._ops is not None and cpu_ops.usable(logits):
-            drawn = cpu_ops.sample_rows(self._ops, logits, rows, temperature, top_k, top_p, uniform)
-        else:
-            picked = logits[torch.tensor(rows, device=logits.device)]
-            probs = filter_probs(scale(picked, torch.tensor(temperature, dtype=torch.float64, device=logits.device)),
-                                 top_k, top_p)
-            drawn = draw(probs, torch.tensor(uniform, dtype=torch.float64, device=logits.device))
-        for row, token in zip(rows, drawn):  # one row's failure ends that request only
+        uniform = {row: float(torch.rand((), generator=self._generator(req_ids[row], params[row]),
+                                         dtype=torch.float64))
+                   for row in rows}  # each request's own stream of draws, one a sampled token
+        fast = [row for row in rows if params[row].min_p == 0.0] if ops is not None else []  # (no min_p there)
+        slow = [row for row in rows if params[row].min_p != 0.0] if ops is not None else rows
+        drawn = dict(zip(fast, _draw_native(ops, logits, fast, params, uniform)) if ops is not None and fast else ())
+        if slow:
+            drawn.update(zip(slow, _draw_torch(logits, slow, params, uniform)))
+        for row in rows:  # one row's failure ends that request only
+            token = drawn[row]
             if token < 0:
                 failed[row], tokens[row] = f"sampling failed: {NO_MASS}", -1
             else:
@@ -67,24 +66,42 @@ class Sampler:
         return gen
 
 
+def _draw_native(ops, logits: torch.Tensor, rows: list[int], params: list[SamplingParams],
+                 uniform: dict[int, float]) -> list[int]:
+    ps = [params[row] for row in rows]
+    return cpu_ops.sample_rows(ops, logits, rows, [p.temperature for p in ps], [p.top_k for p in ps],
+                               [p.top_p for p in ps], [uniform[row] for row in rows])
+
+
+def _draw_torch(logits: torch.Tensor, rows: list[int], params: list[SamplingParams], uniform: dict[int, float]
+                ) -> list[int]:
+    """What the native draw computes, through torch, and with min_p."""
+    ps = [params[row] for row in rows]
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in ps], dtype=torch.float64, device=device)
+    probs = filter_probs(scale(logits[torch.tensor(rows, device=device)], temperature), [p.top_k for p in ps],
+                         [p.top_p for p in ps], [p.min_p for p in ps])
+    return draw(probs, torch.tensor([uniform[row] for row in rows], dtype=torch.float64, device=device))
+
+
 def non_finite_rows(logits: torch.Tensor, tokens: list[int]) -> list[int]:
     """The rows whose chosen logit logits[row, tokens[row]] is NaN or infinite (O(rows)). On the CPU through
     numpy, as mask_logits: 13 us at 256 rows against torch's 32 (its indexing is a parallel region)."""
-    if _numpy_view_ok(logits):
+    if numpy_view_ok(logits):
         return np.flatnonzero(~np.isfinite(logits.numpy()[np.arange(len(tokens)), tokens])).tolist()
     rows = torch.arange(len(tokens), device=logits.device)
     chosen = logits[rows, torch.tensor(tokens, dtype=torch.int64, device=logits.device)]
     return torch.nonzero(~torch.isfinite(chosen)).flatten().tolist()
 
 
-def _numpy_view_ok(logits: torch.Tensor) -> bool:
+def numpy_view_ok(logits: torch.Tensor) -> bool:
     return logits.device.type == "cpu" and logits.dtype == torch.float32  # numpy follows any strides
 
 
 def mask_logits(logits: torch.Tensor, rows: list[int], token_ids: list[int]) -> None:
     """logits[rows[i], token_ids[i]] = -inf, in place (the runner's logits are inference tensors). On the CPU
     through numpy's view of the same memory: a step's min-tokens masks at 256 rows, 18 us against torch's 64."""
-    if _numpy_view_ok(logits):
+    if numpy_view_ok(logits):
         logits.numpy()[rows, token_ids] = -np.inf
         return
     with torch.inference_mode():
@@ -122,7 +139,7 @@ def apply_penalties(logits: torch.Tensor, rows: list[int], states: list[PenaltyS
     RepetitionPenaltyLogitsProcessor, TensorRT-LLM's): every token of the prompt and output, negative logits
     times the penalty, positive ones divided by it. Presence and frequency (vLLM's, OpenAI's): each token
     generated so far, minus presence once and frequency per time."""
-    if _numpy_view_ok(logits):  # the CPU's rows in place through numpy's view, row by row
+    if numpy_view_ok(logits):  # the CPU's rows in place through numpy's view, row by row
         view = logits.numpy()
         for row, s, p in zip(rows, states, params):
             x = view[row]
@@ -176,12 +193,19 @@ def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     return shifted / temperature.unsqueeze(-1)
 
 
-def filter_probs(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """Row by row (rows of `logits`, one top_k and top_p each): softmax over the top-k logits, then the smallest
-    prefix, best first, whose mass reaches top_p (always >= 1 token). Every row at once, so that on a GPU a step
-    is a few kernels whatever its batch: one stable sort of the rows when a filter is on (ties: the lower index
-    first), the ranks past k masked, the nucleus cut by the mass of strictly better tokens."""
+def filter_probs(logits: torch.Tensor, top_k: list[int], top_p: list[float],
+                 min_p: list[float] | None = None) -> torch.Tensor:
+    """Row by row (rows of `logits` as `scale` leaves them, the best at 0; one top_k, top_p and min_p each):
+    tokens less likely than min_p x the best one's probability dropped (vLLM's min_p: e^logit < min_p, before
+    top-k and top-p, as vLLM orders them), softmax over the top-k logits, then the smallest prefix, best first,
+    whose mass reaches top_p (always >= 1 token). Every row at once, so that on a GPU a step is a few kernels
+    whatever its batch: one stable sort of the rows when a filter is on (ties: the lower index first), the ranks
+    past k masked, the nucleus cut by the mass of strictly better tokens."""
     rows, n = logits.shape
+    if min_p is not None and any(m > 0.0 for m in min_p):
+        floor = torch.tensor([math.log(m) if m > 0.0 else -math.inf for m in min_p], dtype=logits.dtype,
+                             device=logits.device)
+        logits = logits.masked_fill(logits < floor.unsqueeze(-1), float("-inf"))
     ks = [k if 0 < k < n else n for k in top_k]
     if all(k == n for k in ks) and all(p >= 1.0 for p in top_p):
         return torch.softmax(logits, dim=-1)

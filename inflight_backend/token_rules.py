@@ -9,7 +9,7 @@ import torch
 
 from .models import cpu_ops
 from .request import Request, SamplingParams
-from .sampler import PenaltyState, apply_penalties, mask_logits
+from .sampler import PenaltyState, apply_penalties, mask_logits, numpy_view_ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,10 +23,14 @@ class TokenInfo:
 
 
 def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) -> None:
-    """One pass over the sampled rows: penalties where a request asks for them; below its min_tokens a
-    request cannot end: its end ids get -inf logits (transformers' MinNewTokensLengthLogitsProcessor, vLLM's
-    min_tokens, TensorRT-LLM's min_length); a bad word's last token gets -inf where it would complete the
-    word (transformers' NoBadWordsLogitsProcessor, over prompt and output)."""
+    """One pass over the sampled rows, in vLLM's order: a request's allowed tokens and logit bias first;
+    penalties where a request asks for them; below its min_tokens a request cannot end: its end ids get -inf
+    logits (transformers' MinNewTokensLengthLogitsProcessor, vLLM's min_tokens, TensorRT-LLM's min_length); a
+    bad word's last token gets -inf where it would complete the word (transformers' NoBadWordsLogitsProcessor,
+    over prompt and output). (The masks commute with the rest: -inf stays -inf.)"""
+    biased = [row for row, request in enumerate(sampled) if request.params.biased]
+    if biased:
+        apply_bias(logits, biased, [sampled[row].params for row in biased])
     rows: list[int] = []
     ids: list[int] = []
     penalized: list[int] = []
@@ -52,6 +56,40 @@ def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) 
         apply_penalties(logits, penalized, states, [sampled[row].params for row in penalized])
     if rows:
         mask_logits(logits, rows, ids)
+
+
+def apply_bias(logits: torch.Tensor, rows: list[int], params: list[SamplingParams]) -> None:
+    """In place: every token outside a row's allowed_token_ids (when it has them) to -inf, then its logit bias
+    added (fp32 sums, as torch's). On the CPU through numpy's view of the same memory."""
+    if numpy_view_ok(logits):
+        view = logits.numpy()
+        for row, p in zip(rows, params):
+            if p.allowed_token_ids:
+                keep = np.asarray(p.allowed_token_ids, dtype=np.int64)
+                kept = view[row, keep]
+                view[row] = -np.inf
+                view[row, keep] = kept
+            if p.logit_bias:
+                tokens, amounts = _bias_arrays(p)
+                view[row, tokens] += amounts
+        return
+    with torch.inference_mode():
+        for row, p in zip(rows, params):
+            if p.allowed_token_ids:
+                allowed = torch.tensor(p.allowed_token_ids, dtype=torch.int64, device=logits.device)
+                values = logits[row, allowed]
+                logits[row] = float("-inf")
+                logits[row, allowed] = values
+            if p.logit_bias:
+                tokens, amounts = _bias_arrays(p)
+                at = torch.from_numpy(tokens).to(logits.device)
+                logits[row, at] += torch.from_numpy(amounts).to(logits.device, logits.dtype)
+
+
+def _bias_arrays(p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """A request's logit bias as (token ids, fp32 amounts); its tokens are distinct (logit_bias.merged)."""
+    return (np.fromiter((t for t, _ in p.logit_bias), dtype=np.int64, count=len(p.logit_bias)),
+            np.fromiter((b for _, b in p.logit_bias), dtype=np.float32, count=len(p.logit_bias)))
 
 
 def ends_with(tokens: list[int], seq: tuple[int, ...]) -> bool:

@@ -9,19 +9,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import logit_bias
 from .request import RequestError
 
 # vLLM name -> (our input, type)
 SUPPORTED = {"max_tokens": ("max_tokens", int), "n": ("num_return_sequences", int), "min_tokens": ("min_tokens", int),
              "temperature": ("temperature", float), "top_p": ("top_p", float), "top_k": ("top_k", int),
              "seed": ("seed", int), "repetition_penalty": ("repetition_penalty", float),
-             "presence_penalty": ("presence_penalty", float), "frequency_penalty": ("frequency_penalty", float)}
+             "presence_penalty": ("presence_penalty", float), "frequency_penalty": ("frequency_penalty", float),
+             "min_p": ("min_p", float)}
 # Accepted only at vLLM's default value (None also stands for an empty list).
-DEFAULTS = {"best_of": None, "min_p": 0.0, "prompt_logprobs": None,
+DEFAULTS = {"best_of": None, "prompt_logprobs": None,
             "detokenize": True, "skip_special_tokens": True, "spaces_between_special_tokens": True,
             "bad_words": None, "lora_name": None, "truncate_prompt_tokens": None, "structured_outputs": None,
             "guided_decoding": None, "logits_processors": None}
 OTHERS = ("stop", "include_stop_str_in_output", "stop_token_ids", "ignore_eos", "logprobs",  # translated below
+          "logit_bias", "allowed_token_ids",
           "Streaming")  # TensorRT-LLM's client sends this request parameter beside its `streaming` input
 
 
@@ -66,6 +69,10 @@ def translate(fields: dict[str, Any]) -> dict[str, object]:
         if not isinstance(ids, list):
             raise RequestError("vLLM sampling parameter 'stop_token_ids' must be a list of token ids")
         ours["stop_token_ids"] = tuple(_convert(t, int, "stop_token_ids") for t in ids)
+    if fields.get("logit_bias") is not None:
+        ours["logit_bias"] = logit_bias.from_vllm(fields["logit_bias"])
+    if fields.get("allowed_token_ids") is not None:
+        ours["allowed_token_ids"] = logit_bias.allowed_from_vllm(fields["allowed_token_ids"])
     if "Streaming" in fields:
         ours["stream"] = _convert(fields["Streaming"], bool, "Streaming")
     if _convert(fields.get("ignore_eos", False), bool, "ignore_eos"):

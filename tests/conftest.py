@@ -64,11 +64,12 @@ class Oracle:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, min_new_tokens: int = 0,
-                 repetition_penalty: float = 1.0, bad_words_ids: list[list[int]] | None = None) -> list[int]:
+                 repetition_penalty: float = 1.0, bad_words_ids: list[list[int]] | None = None, **more) -> list[int]:
+        """`more`: further arguments of generate (sequence_bias, logits_processor)."""
         ids = torch.tensor([prompt_ids])
         out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                   min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty,
-                                  bad_words_ids=bad_words_ids, do_sample=False, pad_token_id=0)
+                                  bad_words_ids=bad_words_ids, do_sample=False, pad_token_id=0, **more)
         generated = out[0, len(prompt_ids):].tolist()
         eos = self.model.config.eos_token_id
         return generated[: generated.index(eos) + 1] if eos in generated else generated

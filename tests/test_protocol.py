@@ -98,7 +98,11 @@ def test_vllm_sampling_parameters_as_vllms_client_sends_them():
 
 @pytest.mark.parametrize("tensor, params, message", [
     ('{"best_of": 2}', "{}", r"\['best_of'\] are not supported"),
-    ('{"min_p": "0.5", "prompt_logprobs": 3}', "{}", r"\['min_p', 'prompt_logprobs'\] are not supported"),
+    ('{"truncate_prompt_tokens": 5, "prompt_logprobs": 3}', "{}",
+     r"\['prompt_logprobs', 'truncate_prompt_tokens'\] are not supported"),
+    ('{"logit_bias": [5]}', "{}", "'logit_bias' must be an object of token id -> bias"),
+    ('{"logit_bias": {"x": 1}}', "{}", "'logit_bias': 'x': 1 is not token id: number"),
+    ('{"allowed_token_ids": []}', "{}", "'allowed_token_ids' must be a non-empty list"),
     ('{"logprobs": 99}', "{}", "'logprobs' must be in"),
     ('{"max_tokens": "many"}', "{}", "'max_tokens': expected int"),
     ('{"max_tokens": 5}', '{"max_tokens": 6}', r"\['max_tokens'\] differ"),
@@ -140,7 +144,6 @@ def test_tensorrt_llm_defaults_pass_and_anything_else_is_an_error_naming_the_inp
                         ("lora_task_id", np.array([3], dtype=np.uint64)),
                         ("prompt_embedding_table", np.ones((2, 4), dtype=np.float16)),
                         ("guided_decoding_guide_type", np.array([b"json"], dtype=object)),
-                        ("embedding_bias", np.ones(8, np.float32)),
                         ("sampling_param_best_of", np.array([2], dtype=np.int32)),
                         ("runtime_top_p_decay", np.array([0.9], dtype=np.float32))]:
         with pytest.raises(RequestError, match=f"input '{name}' is not supported"):

@@ -78,9 +78,9 @@ def test_vllm_sampling_parameters_we_cannot_honour_are_errors_naming_them(server
     assert error == ("Error generating stream: When streaming, `exclude_input_in_output` = False is not "
                      "allowed.") or "Error generating stream: When streaming" in error
     status, body = http_post(server.http_port, "/v2/models/llm/generate",
-                             {"text_input": PROMPT, "max_tokens": 3, "min_p": 0.2})
+                             {"text_input": PROMPT, "max_tokens": 3, "prompt_logprobs": 2})
     assert status != 200 or "error" in body
-    assert "['min_p'] are not supported" in body
+    assert "['prompt_logprobs'] are not supported" in body
     status, body = http_post(server.http_port, "/v2/models/llm/generate",
                              {"text_input": PROMPT, "max_tokens": 3, "top_k": 1, "seed": 3})
     assert status == 200 and json.loads(body)["text_output"].startswith(PROMPT)
