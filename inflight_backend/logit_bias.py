@@ -41,7 +41,10 @@ def from_inputs(get: Callable[[str], np.ndarray | None], encode: Callable[[str],
         for raw, weight in zip(words.reshape(-1), weights.reshape(-1).astype(np.float64).tolist()):
             if not math.isfinite(weight):
                 raise RequestError("input 'embedding_bias_weights' must hold finite numbers")
-            word = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            try:
+                word = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+            except UnicodeDecodeError:
+                raise RequestError("input 'embedding_bias_words' is not valid UTF-8") from None
             for token in encode(word):
                 bias[token] = bias.get(token, 0.0) + weight
     return bias

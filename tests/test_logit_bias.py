@@ -57,6 +57,8 @@ def test_every_clients_bias_is_read_and_biases_given_several_ways_add_up():
     ({"embedding_bias_words": np.array([b"a"], dtype=object),
       "embedding_bias_weights": np.array([np.inf], np.float32)}, "'embedding_bias_weights' must hold finite"),
     ({"sampling": {"min_p": 1.5}}, r"min_p must be in \[0, 1\], got 1.5"),
+    ({"embedding_bias_words": np.array([b"\xff"], dtype=object),
+      "embedding_bias_weights": np.array([1.0], np.float32)}, "'embedding_bias_words' is not valid UTF-8"),
 ])
 def test_bad_biases_are_errors_naming_the_input(inputs, message):
     with pytest.raises(RequestError, match=message):

@@ -36,6 +36,8 @@ OPTIONS = {  # each input with the values drawn for it; some combinations are er
     "priority": (0, 1, 5),
     "end_id": (0, 2, 65),
     "stream": (True, False),
+    "embedding_bias_words": (["a"], ["Z", "e"]),
+    "embedding_bias_weights": ([2.0], [0.5, -1.0]),
 }
 
 
@@ -45,7 +47,12 @@ def plan(rng: random.Random) -> tuple[str, str, dict, bool]:
     for name in rng.sample(sorted(OPTIONS), rng.randrange(0, 7)):
         body[name] = rng.choice(OPTIONS[name])
     if rng.random() < 0.2:  # vLLM's sampling parameters beside (or against) the inputs
-        body["sampling_parameters"] = json.dumps({"temperature": rng.choice((0, 0.7)), "n": rng.choice((1, 2))})
+        vllm = {"temperature": rng.choice((0, 0.7)), "n": rng.choice((1, 2))}
+        if rng.random() < 0.5:
+            vllm["min_p"] = rng.choice((0.0, 0.1, 1.0))
+        if rng.random() < 0.3:  # 300 is past the test model's vocabulary
+            vllm["logit_bias"] = {str(rng.choice((65, 300))): rng.choice((-5.0, 3.0))}
+        body["sampling_parameters"] = json.dumps(vllm)
     model, endpoint = rng.choice(MODELS), rng.choice(("generate", "generate_stream"))
     # Triton's /generate takes exactly one response: no streams there, nor several sequences in the batched
     # layout (which answers one response per sequence, as TensorRT-LLM's backend does)
