@@ -18,6 +18,7 @@ import numpy as np
 
 from . import logit_bias
 from .declared_io import ALIASES, UNSUPPORTED
+from .vllm_protocol import bad_word_sequences
 from .request import PromptLimits, PromptTooLarge, RequestError, SamplingParams
 
 
@@ -145,6 +146,7 @@ def _sampling_params(read: _Reader, default_max_tokens: int, returns: frozenset[
         frequency_penalty=read.value("frequency_penalty", 0.0, float),
         stop_token_seqs=_word_list(get, "stop_words_list") + tuple((t,) for t in sampling.get("stop_token_ids", ())),
         bad_token_seqs=_word_list(get, "bad_words_list") + _bad_words(get, encode_word),
+        bad_output_seqs=_vllm_bad_words(sampling.get("vllm_bad_words", ()), encode_word),
         logprobs=logprobs,
         return_generation_logits="generation_logits" in returns,
         return_context_logits="context_logits" in returns,
@@ -260,6 +262,12 @@ def _bad_words(get, encode_word) -> tuple[tuple[int, ...], ...]:
     if words and encode_word is None:
         raise RequestError("input 'bad_words' needs a tokenizer")
     return tuple(seq for seq in (tuple(encode_word(w)) for w in words) if seq)
+
+
+def _vllm_bad_words(words, encode_word) -> tuple[tuple[int, ...], ...]:
+    if words and encode_word is None:
+        raise RequestError("vLLM sampling parameter 'bad_words' needs a tokenizer")
+    return bad_word_sequences(words, encode_word)
 
 
 def _word_list(get, name: str) -> tuple[tuple[int, ...], ...]:

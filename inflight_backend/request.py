@@ -61,6 +61,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     stop_token_seqs: tuple[tuple[int, ...], ...] = ()  # generated token sequences that end the request
     bad_token_seqs: tuple[tuple[int, ...], ...] = ()  # never completed (transformers' NoBadWordsLogitsProcessor)
+    bad_output_seqs: tuple[tuple[int, ...], ...] = ()  # the same within the output alone (vLLM's bad_words)
     logprobs: int | None = None  # None: none; k >= 0: each token's log-probability and the k most likely ones
     return_generation_logits: bool = False  # each generated token's raw logits (vocab floats, fp32)
     return_context_logits: bool = False  # the prompt's logits (one row per prompt token), on the first output

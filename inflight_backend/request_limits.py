@@ -52,6 +52,7 @@ class RequestLimits:
                                f"vocabulary [0, {vocab})")
         if any(not 0 <= t < vocab for t in params.allowed_token_ids):
             raise RequestError(f"allowed_token_ids: a token id is outside the vocabulary [0, {vocab})")
-        for name, seqs in (("stop_words_list", params.stop_token_seqs), ("bad_words_list", params.bad_token_seqs)):
+        for name, seqs in (("stop_words_list", params.stop_token_seqs), ("bad_words_list", params.bad_token_seqs),
+                           ("bad_words", params.bad_output_seqs)):
             if any(not 0 <= t < vocab for seq in seqs for t in seq):
                 raise RequestError(f"{name}: a token id is outside the vocabulary [0, {vocab})")

@@ -27,7 +27,8 @@ def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) 
     penalties where a request asks for them; below its min_tokens a request cannot end: its end ids get -inf
     logits (transformers' MinNewTokensLengthLogitsProcessor, vLLM's min_tokens, TensorRT-LLM's min_length); a
     bad word's last token gets -inf where it would complete the word (transformers' NoBadWordsLogitsProcessor,
-    over prompt and output). (The masks commute with the rest: -inf stays -inf.)"""
+    over prompt and output; vLLM's bad words over the output alone). (The masks commute with the rest: -inf
+    stays -inf.)"""
     biased = [row for row, request in enumerate(sampled) if request.params.biased]
     if biased:
         apply_bias(logits, biased, [sampled[row].params for row in biased])
@@ -50,6 +51,10 @@ def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) 
             ids += ends
         if p.bad_token_seqs:
             banned = banned_tokens(request, p.bad_token_seqs)
+            rows += [row] * len(banned)
+            ids += banned
+        if p.bad_output_seqs:
+            banned = banned_in_output(request.output_ids, p.bad_output_seqs)
             rows += [row] * len(banned)
             ids += banned
     if penalized:  # before the masks, as transformers' processors run
@@ -104,6 +109,12 @@ def banned_tokens(request: Request, seqs: tuple[tuple[int, ...], ...]) -> list[i
         if not head or _tail_equals(request, head):
             out.append(seq[-1])
     return out
+
+
+def banned_in_output(outputs: list[int], seqs: tuple[tuple[int, ...], ...]) -> list[int]:
+    """vLLM's rule: the last token of every bad word whose other tokens end the output (the prompt not counted)."""
+    return [seq[-1] for seq in seqs
+            if len(seq) == 1 or (len(seq) <= len(outputs) + 1 and tuple(outputs[1 - len(seq):]) == seq[:-1])]
 
 
 def _tail_equals(request: Request, head: tuple[int, ...]) -> bool:

@@ -21,10 +21,10 @@ SUPPORTED = {"max_tokens": ("max_tokens", int), "n": ("num_return_sequences", in
 # Accepted only at vLLM's default value (None also stands for an empty list).
 DEFAULTS = {"best_of": None, "prompt_logprobs": None,
             "detokenize": True, "skip_special_tokens": True, "spaces_between_special_tokens": True,
-            "bad_words": None, "lora_name": None, "truncate_prompt_tokens": None, "structured_outputs": None,
+            "lora_name": None, "truncate_prompt_tokens": None, "structured_outputs": None,
             "guided_decoding": None, "logits_processors": None}
 OTHERS = ("stop", "include_stop_str_in_output", "stop_token_ids", "ignore_eos", "logprobs",  # translated below
-          "logit_bias", "allowed_token_ids",
+          "logit_bias", "allowed_token_ids", "bad_words",
           "Streaming")  # TensorRT-LLM's client sends this request parameter beside its `streaming` input
 
 
@@ -73,6 +73,11 @@ def translate(fields: dict[str, Any]) -> dict[str, object]:
         ours["logit_bias"] = logit_bias.from_vllm(fields["logit_bias"])
     if fields.get("allowed_token_ids") is not None:
         ours["allowed_token_ids"] = logit_bias.allowed_from_vllm(fields["allowed_token_ids"])
+    if fields.get("bad_words") not in (None, "", []):
+        words = fields["bad_words"]
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise RequestError(f"vLLM sampling parameter 'bad_words' must be a list of strings, got {words!r}")
+        ours["vllm_bad_words"] = tuple(words)
     if "Streaming" in fields:
         ours["stream"] = _convert(fields["Streaming"], bool, "Streaming")
     if _convert(fields.get("ignore_eos", False), bool, "ignore_eos"):
@@ -86,6 +91,22 @@ def translate(fields: dict[str, Any]) -> dict[str, object]:
 
 
 MAX_LOGPROBS = 20
+
+
+def bad_word_sequences(words: tuple[str, ...], encode_word) -> tuple[tuple[int, ...], ...]:
+    """vLLM's bad words as token sequences: each word (leading spaces stripped) tokenized without special tokens,
+    and again after a space where that gives a different first token in as many tokens (a word starting a text
+    and the same word inside one). A word of no tokens bans nothing."""
+    seqs = []
+    for word in words:
+        plain = encode_word(word.lstrip())
+        if not plain:
+            continue
+        seqs.append(tuple(plain))
+        spaced = encode_word(" " + word.lstrip())
+        if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+            seqs.append(tuple(spaced))
+    return tuple(seqs)
 
 
 def _object(raw: str | None, what: str) -> dict:

@@ -23,7 +23,7 @@ LIMITS = PromptLimits(max_bytes=1 << 20, max_tokens=4096)
 
 
 def parse(sampling=None, encode=lambda text: [ord(c) for c in text], **inputs):
-    return parse_request(lambda name: inputs.get(name), encode, 16, LIMITS, sampling)
+    return parse_request(lambda name: inputs.get(name), encode, 16, LIMITS, sampling, encode_word=encode)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def test_min_p_keeps_the_tokens_at_least_min_p_times_as_likely_as_the_best():
 def test_each_clients_bias_acts_through_the_server(server, tiny_model):
     """TensorRT-LLM's batched layout: two rows, each with its own embedding_bias [vocab] (streamed, greedy), and
     its ensemble's words and weights; vLLM's logit_bias, allowed_token_ids and min_p in sampling_parameters
-    over HTTP /generate. A bias of 100 decides every token."""
+    over HTTP /generate. A bias of 100 decides every token. vLLM's bad_words too."""
 
     ids = TOKENIZER.encode("Logit bias: a row each").ids
     vocab = 258
@@ -173,6 +173,12 @@ def test_each_clients_bias_acts_through_the_server(server, tiny_model):
         status, text = http_post(server.http_port, "/v2/models/llm/generate",
                                  {**body, "sampling_parameters": json.dumps(params)})
         assert status == 200 and check(json.loads(text)["output_ids"]), (params, text)
+    status, text = http_post(server.http_port, "/v2/models/llm/generate", {**body, "max_tokens": 12})
+    free = json.loads(text)["output_ids"]
+    word = next(chr(t) for t in free if 32 < t < 127)  # a one-byte token of the free run, as a bad word
+    status, text = http_post(server.http_port, "/v2/models/llm/generate", {
+        **body, "max_tokens": 12, "sampling_parameters": json.dumps({"bad_words": [word]})})
+    assert status == 200 and ord(word) not in json.loads(text)["output_ids"], text
     status, text = http_post(server.http_port, "/v2/models/llm/generate",
                              {**body, "sampling_parameters": json.dumps({"logit_bias": {str(vocab): 1}})})
     assert "error" in text and f"token id {vocab} is outside the vocabulary" in text
@@ -194,3 +200,68 @@ def test_the_torch_path_biases_as_the_numpy_one():
     want[0, 6] -= 1.0
     want[2] = torch.tensor([base[2, 0], *[float("-inf")] * 2, base[2, 3] + 0.5, *[float("-inf")] * 4])
     assert torch.equal(fast, want) and torch.allclose(other.float(), want)
+
+
+def test_vllm_bad_words_are_tokenized_with_and_without_a_leading_space():
+    """vLLM's rule: the word (leading spaces stripped) and, where it is another first token in as many tokens,
+    the word after a space; a word of no tokens bans nothing."""
+    from tests.tokenizer_fixtures import byte_level_bpe_tokenizer
+    from inflight_backend.vllm_protocol import bad_word_sequences
+
+    tok = byte_level_bpe_tokenizer("llama3")
+
+    def encode(word):
+        return tok.encode(word, add_special_tokens=False).ids
+
+    seqs = bad_word_sequences(("hello", "  fox", "xyzzy", " "), encode)
+    assert seqs == (tuple(encode("hello")), tuple(encode(" hello")), tuple(encode("fox")), tuple(encode(" fox")),
+                    tuple(encode("xyzzy")), tuple(encode(" xyzzy")))
+    assert len(encode("hello")) == 1 and encode("hello") != encode(" hello")
+    p = parse(text_input=np.array([b"hi"], dtype=object), sampling=sampling_parameters('{"bad_words": ["ab"]}', "{}"))
+    assert p.params.bad_output_seqs == ((97, 98),) and p.params.bad_token_seqs == ()  # " ab": 3 tokens here
+    with pytest.raises(RequestError, match="'bad_words' must be a list of strings"):
+        sampling_parameters('{"bad_words": "ab"}', "{}")
+
+
+class OutputBadWords:
+    """A transformers logits processor with vLLM's bad-word rule: `word`'s last token is masked where its other
+    tokens end the output (the tokens past the prompt's `prompt_len`)."""
+
+    def __init__(self, prompt_len, word):
+        self.prompt_len, self.word = prompt_len, list(word)
+
+    def __call__(self, input_ids, scores):
+        out = input_ids[0, self.prompt_len:].tolist()
+        head = self.word[:-1]
+        if len(out) >= len(head) and out[len(out) - len(head):] == head:
+            scores[:, self.word[-1]] = float("-inf")
+        return scores
+
+
+def test_vllm_bad_words_are_matched_within_the_output_alone(tiny_model, oracle, long_cases):  # noqa: F811
+    """A one-token word is never generated (as transformers' bad_words_ids); a two-token word whose first token
+    ends the prompt does not ban its second at the first step (vLLM matches the output only), where TensorRT-LLM's
+    bad_words (over prompt and output, as transformers) does."""
+    from transformers import LogitsProcessorList
+
+    from inflight_backend.token_rules import banned_in_output
+
+    assert banned_in_output([], ((5,), (6, 7))) == [5]
+    assert banned_in_output([1, 6], ((5,), (6, 7), (1, 6, 8), (2, 6, 9))) == [5, 7, 8]
+    engine = InflightEngine(EngineConfig(checkpoint=tiny_model, num_kv_blocks=256))
+    requests, wants = [], []
+    for k, (ids, out) in enumerate(long_cases):
+        if k % 2:
+            requests.append((ids, SamplingParams(max_tokens=16, bad_output_seqs=((out[2],),))))
+            wants.append(oracle.generate(ids, 16, bad_words_ids=[[out[2]]]))
+        else:
+            across = (ids[-1], out[0])  # the prompt's last token, then the first output token
+            requests.append((ids, SamplingParams(max_tokens=16, bad_output_seqs=(across,))))
+            rule = LogitsProcessorList([OutputBadWords(len(ids), across)])
+            wants.append(oracle.generate(ids, 16, logits_processor=rule))
+            assert wants[-1][0] == out[0]  # not banned at the first step
+    got = run_batch(engine, requests)
+    for i, want in enumerate(wants):
+        assert tokens(got[i]) == want
+    ids, out = long_cases[0]
+    assert oracle.generate(ids, 16, bad_words_ids=[[ids[-1], out[0]]]) != out  # where the prompt counts

@@ -52,6 +52,8 @@ def plan(rng: random.Random) -> tuple[str, str, dict, bool]:
             vllm["min_p"] = rng.choice((0.0, 0.1, 1.0))
         if rng.random() < 0.3:  # 300 is past the test model's vocabulary
             vllm["logit_bias"] = {str(rng.choice((65, 300))): rng.choice((-5.0, 3.0))}
+        if rng.random() < 0.3:
+            vllm["bad_words"] = rng.choice((["e"], ["an", " "], "e"))  # a string, not a list: an error
         body["sampling_parameters"] = json.dumps(vllm)
     model, endpoint = rng.choice(MODELS), rng.choice(("generate", "generate_stream"))
     # Triton's /generate takes exactly one response: no streams there, nor several sequences in the batched
