@@ -40,13 +40,9 @@ class Sampler:
         uniform = {row: float(torch.rand((), generator=self._generator(req_ids[row], params[row]),
                                          dtype=torch.float64))
                    for row in rows}  # each request's own stream of draws, one a sampled token
-        fast = [row for row in rows if params[row].min_p == 0.0] if ops is not None else []  # (no min_p there)
-        slow = [row for row in rows if params[row].min_p != 0.0] if ops is not None else rows
-        drawn = dict(zip(fast, _draw_native(ops, logits, fast, params, uniform)) if ops is not None and fast else ())
-        if slow:
-            drawn.update(zip(slow, _draw_torch(logits, slow, params, uniform)))
-        for row in rows:  # one row's failure ends that request only
-            token = drawn[row]
+        drawn = (_draw_native(ops, logits, rows, params, uniform) if ops is not None
+                 else _draw_torch(logits, rows, params, uniform))
+        for row, token in zip(rows, drawn):  # one row's failure ends that request only
             if token < 0:
                 failed[row], tokens[row] = f"sampling failed: {NO_MASS}", -1
             else:
@@ -70,12 +66,12 @@ def _draw_native(ops, logits: torch.Tensor, rows: list[int], params: list[Sampli
                  uniform: dict[int, float]) -> list[int]:
     ps = [params[row] for row in rows]
     return cpu_ops.sample_rows(ops, logits, rows, [p.temperature for p in ps], [p.top_k for p in ps],
-                               [p.top_p for p in ps], [uniform[row] for row in rows])
+                               [p.top_p for p in ps], [uniform[row] for row in rows], [p.min_p for p in ps])
 
 
 def _draw_torch(logits: torch.Tensor, rows: list[int], params: list[SamplingParams], uniform: dict[int, float]
                 ) -> list[int]:
-    """What the native draw computes, through torch, and with min_p."""
+    """What the native draw computes, through torch."""
     ps = [params[row] for row in rows]
     device = logits.device
     temperature = torch.tensor([p.temperature for p in ps], dtype=torch.float64, device=device)

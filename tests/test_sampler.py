@@ -89,8 +89,12 @@ def test_non_finite_chosen_logits_are_found_on_either_path(layout):
     assert non_finite_rows(logits, [0, 0, 0, 0, 2]) == []
 
 
-def reference_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """The filters over a full sort, one row (as written when filter_probs took one row at a time)."""
+def reference_filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0) -> torch.Tensor:
+    """The filters over a full sort, one row (as written when filter_probs took one row at a time); min_p as
+    vLLM's MinPLogitsProcessor: probabilities below min_p times the largest dropped, before the others."""
+    if min_p > 0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
     sorted_logits, order = torch.sort(logits, descending=True)
     if top_k > 0:
         sorted_logits[top_k:] = float("-inf")
@@ -110,6 +114,12 @@ def test_filters_keep_the_same_tokens_and_mass_as_a_full_sort(spread, top_k, top
     logits = (torch.randn(3000, generator=torch.Generator().manual_seed(int(spread * 10) + top_k)) * spread).double()
     logits[17] = float("-inf")
     got, want = filter_probs(logits[None], [top_k], [top_p])[0], reference_filter(logits.clone(), top_k, top_p)
+    shifted = logits - logits.max()  # min_p as filter_probs reads it: of `scale`'s rows, the best at 0
+    for min_p in (0.01, 0.3):
+        got_p, want_p = filter_probs(shifted[None], [top_k], [top_p], [min_p])[0], reference_filter(
+            shifted.clone(), top_k, top_p, min_p)
+        assert torch.equal(got_p > 0, want_p > 0)
+        torch.testing.assert_close(got_p, want_p, rtol=1e-9, atol=1e-12)
     assert torch.equal(got > 0, want > 0)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
 
@@ -143,18 +153,18 @@ def native_lib():
 @pytest.mark.parametrize("spread", [0.05, 1.0, 8.0])
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (1, 1.0), (5, 1.0), (0, 0.9), (0, 0.3), (40, 0.8), (5000, 0.95),
                                           (0, 0.999), (0, 1e-6), (2999, 1.0), (3000, 0.5)])
-@pytest.mark.parametrize("temperature", [0.7, 1.3])
-def test_native_draws_follow_the_reference_filters(spread, top_k, top_p, temperature):
+@pytest.mark.parametrize("temperature, min_p", [(0.7, 0.0), (1.3, 0.0), (1.3, 0.02), (0.7, 0.5)])
+def test_native_draws_follow_the_reference_filters(spread, top_k, top_p, temperature, min_p):
     from inflight_backend.models import cpu_ops
 
     logits = torch.randn(3000, generator=torch.Generator().manual_seed(int(spread * 10) + top_k)) * spread
     logits[17] = float("-inf")
-    want = reference_filter((logits.double() - logits.max().double()) / temperature, top_k, top_p)
+    want = reference_filter((logits.double() - logits.max().double()) / temperature, top_k, top_p, min_p)
     cdf = torch.cumsum(want, dim=0)
     uniform = [i / 257 for i in range(257)] + [1 - 2 ** -40]
     rows = [0] * len(uniform)
     got = cpu_ops.sample_rows(native_lib(), logits.view(1, -1), rows, [temperature] * len(rows), [top_k] * len(rows),
-                              [top_p] * len(rows), uniform)
+                              [top_p] * len(rows), uniform, [min_p] * len(rows))
     for u, token in zip(uniform, got):
         assert want[token] > 0, (u, token)
         low, high = float(cdf[token] - want[token]), float(cdf[token])
@@ -189,8 +199,8 @@ def test_sampler_takes_the_native_path_on_cpu_and_the_torch_one_elsewhere_alike(
     """The same seeds through Sampler (native: fp32 CPU logits) and the torch path (float64 logits here): the
     same uniforms, so the same tokens but where the two roundings straddle a boundary (none in these draws)."""
     logits = torch.randn(6, 2000, generator=torch.Generator().manual_seed(7)) * 2
-    params = [SamplingParams(8, temperature=0.8, top_k=[0, 20][i % 2], top_p=[1.0, 0.9, 0.6][i % 3], seed=i)
-              for i in range(6)]
+    params = [SamplingParams(8, temperature=0.8, top_k=[0, 20][i % 2], top_p=[1.0, 0.9, 0.6][i % 3], seed=i,
+                             min_p=[0.0, 0.1][i // 3]) for i in range(6)]
     native, _ = Sampler().sample(logits, list("abcdef"), params)
     reference, _ = Sampler().sample(logits.double(), list("abcdef"), params)
     assert native == reference

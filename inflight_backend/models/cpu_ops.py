@@ -35,7 +35,7 @@ def load_library() -> ctypes.CDLL | None:
         "ops_rotary_f32": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR],
         "ops_silu_mul_f32": [_PTR, _PTR, _I64, _I64, _I64, _PTR],
         "ops_argmax_rows_f32": [_PTR, _I64, _I64, _I64, _PTR],
-        "ops_sample_rows_f32": [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR],
+        "ops_sample_rows_f32": [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR],
         "ops_logprobs_rows_f32": [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR],
         "ops_rms_norm_bf16": [_PTR, _I64, _I64, _I64, _PTR, _F32, _PTR],
         "ops_add_rms_norm_bf16": [_PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _F32, _PTR],
@@ -125,12 +125,13 @@ def argmax_rows(lib: ctypes.CDLL, x: torch.Tensor) -> list[int]:
 
 
 def sample_rows(lib: ctypes.CDLL, x: torch.Tensor, rows: list[int], temperature: list[float], top_k: list[int],
-                top_p: list[float], uniform: list[float]) -> list[int]:
+                top_p: list[float], uniform: list[float], min_p: list[float] | None = None) -> list[int]:
     """One token for each of `rows` of a 2-D x with unit column stride (ops_sample_rows_f32 in
-    include/cpu_ops.h: temperature, top-k, top-p, then the first index whose running mass passes uniform[j] of
-    the kept total); -1 for a row with nothing to sample from."""
+    include/cpu_ops.h: temperature, min-p, top-k, top-p, then the first index whose running mass passes
+    uniform[j] of the kept total); -1 for a row with nothing to sample from."""
     arrays = (np.asarray(rows, dtype=np.int64), np.asarray(temperature, dtype=np.float32),
               np.asarray(top_k, dtype=np.int64), np.asarray(top_p, dtype=np.float32),
+              np.asarray(min_p if min_p is not None else [0.0] * len(rows), dtype=np.float32),
               np.asarray(uniform, dtype=np.float64))
     out = np.empty(len(rows), dtype=np.int64)
     _check(lib.ops_sample_rows_f32(x.data_ptr(), x.shape[1], x.stride(0), arrays[0].ctypes.data, len(rows),

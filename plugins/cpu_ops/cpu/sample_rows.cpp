@@ -189,7 +189,7 @@ bool finite_max(const float* x, int64_t n, float* m) {
   return !bad && top > -INFINITY;
 }
 
-int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, float top_p, double u,
+int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, float top_p, float min_p, double u,
                    Scratch& s) {
   float m;
   if (!finite_max(x, n, &m)) return -1;
@@ -197,6 +197,10 @@ int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, 
   float* __restrict w = s.w.data();
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) w[i] = exp_neg((x[i] - m) / temperature);  // the best token: e^0 = 1
+  if (min_p > 0.f) {  // w is each token's probability over the best one's: min_p keeps a prefix of the ranking
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) w[i] = w[i] < min_p ? 0.f : w[i];
+  }
   const int64_t k = top_k > 0 && top_k < n ? top_k : 0;
   if (k) {
     best_tokens(x, n, k, s.best, s.maxima);
@@ -210,16 +214,18 @@ int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, 
 
 extern "C" int ops_sample_rows_f32(const float* x, int64_t n, int64_t ldx, const int64_t* rows, int64_t count,
                                    const float* temperature, const int64_t* top_k, const float* top_p,
-                                   const double* uniform, int64_t* out) {
+                                   const float* min_p, const double* uniform, int64_t* out) {
   if (n <= 0 || ldx < n || count < 0) return OPS_ERR_SHAPE;
   for (int64_t j = 0; j < count; ++j)
-    if (rows[j] < 0 || !(temperature[j] > 0.f) || !(uniform[j] >= 0.0 && uniform[j] < 1.0)) return OPS_ERR_SHAPE;
+    if (rows[j] < 0 || !(temperature[j] > 0.f) || !(uniform[j] >= 0.0 && uniform[j] < 1.0) ||
+        !(min_p[j] >= 0.f && min_p[j] <= 1.f))
+      return OPS_ERR_SHAPE;
 #pragma omp parallel if (count > 1)
   {
     Scratch s;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t j = 0; j < count; ++j)
-      out[j] = sample_row(x + rows[j] * ldx, n, temperature[j], top_k[j], top_p[j], uniform[j], s);
+      out[j] = sample_row(x + rows[j] * ldx, n, temperature[j], top_k[j], top_p[j], min_p[j], uniform[j], s);
   }
   return OPS_OK;
 }

@@ -35,15 +35,16 @@ int ops_silu_mul_f32(const float* gate, const float* up, int64_t rows, int64_t n
 int ops_argmax_rows_f32(const float* x, int64_t rows, int64_t n, int64_t ldx, int64_t* out);
 
 // One sampled token for each of `count` rows, rows[j] of x: weights w_i = e^((x_i - max) / temperature[j]) (fp32),
-// kept for the top_k[j] largest x_i (0 or >= n: all; ties at the k-th value kept in index order), then for the
+// zero where below min_p[j] (in [0, 1]; vLLM's min_p: w_i is the token's probability over the best one's), kept
+// for the top_k[j] largest x_i (0 or >= n: all; ties at the k-th value kept in index order), then for the
 // smallest set of best tokens whose mass reaches top_p[j] of the kept total (>= 1: all; a token is kept when
 // the mass of tokens strictly better than it is below that); out[j] = the first index whose running kept mass,
 // in index order, exceeds uniform[j] (in [0, 1)) times the kept total: never a zero weight. out[j] = -1 where the
 // row has a NaN or +inf, or nothing finite. Each row is computed by one thread in a fixed order, so a row's token
 // does not depend on the other rows.
 int ops_sample_rows_f32(const float* x, int64_t n, int64_t ldx, const int64_t* rows, int64_t count,
-                        const float* temperature, const int64_t* top_k, const float* top_p, const double* uniform,
-                        int64_t* out);
+                        const float* temperature, const int64_t* top_k, const float* top_p, const float* min_p,
+                        const double* uniform, int64_t* out);
 
 // Log-probabilities (log_softmax in fp32, the sum of exponentials in double) of `count` rows of x, row j at
 // x + rows[j] * ldx: logprob[j] = that of tokens[j]; the top[j] most likely tokens (0 <= top[j] <= max_top, ties by the
