@@ -29,15 +29,15 @@ def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) 
     bad word's last token gets -inf where it would complete the word (transformers' NoBadWordsLogitsProcessor,
     over prompt and output; vLLM's bad words over the output alone). (The masks commute with the rest: -inf
     stays -inf.)"""
-    biased = [row for row, request in enumerate(sampled) if request.params.biased]
-    if biased:
-        apply_bias(logits, biased, [sampled[row].params for row in biased])
     rows: list[int] = []
     ids: list[int] = []
+    biased: list[int] = []
     penalized: list[int] = []
     states: list[PenaltyState] = []
     for row, request in enumerate(sampled):
         p = request.params
+        if p.logit_bias or p.allowed_token_ids:
+            biased.append(row)
         if p.penalized:
             if request.penalties is None:
                 request.penalties = PenaltyState(logits.shape[-1], request.prompt_ids, p)
@@ -57,6 +57,8 @@ def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) 
             banned = banned_in_output(request.output_ids, p.bad_output_seqs)
             rows += [row] * len(banned)
             ids += banned
+    if biased:
+        apply_bias(logits, biased, [sampled[row].params for row in biased])
     if penalized:  # before the masks, as transformers' processors run
         apply_penalties(logits, penalized, states, [sampled[row].params for row in penalized])
     if rows:
