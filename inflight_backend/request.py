@@ -72,6 +72,13 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] = ()
     min_p: float = 0.0  # sampled rows: tokens less likely than min_p x the best one's probability are dropped (vLLM's)
+    # Whether any rule of token_rules.apply_logit_rules applies (fixed at construction: that loop runs every step
+    # over every sampled row, and most requests have none)
+    logit_rules: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "logit_rules", bool(
+            self.penalized or self.min_tokens > 0 or self.bad_token_seqs or self.bad_output_seqs or self.biased))
 
     @property
     def penalized(self) -> bool:

@@ -36,7 +36,9 @@ def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) 
     states: list[PenaltyState] = []
     for row, request in enumerate(sampled):
         p = request.params
-        if p.logit_bias or p.allowed_token_ids:
+        if not p.logit_rules:
+            continue
+        if p.biased:
             biased.append(row)
         if p.penalized:
             if request.penalties is None:
