@@ -10,12 +10,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from .request import RequestError
+from .request import RequestError, SamplingParams
 
 Bias = tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BiasArrays:
+    """A request's allowed tokens and logit bias as arrays, made at its first sampled step and kept on the request
+    (a dense embedding_bias is a vocabulary of pairs: not to be rebuilt every step)."""
+
+    allowed: np.ndarray | None  # int64 token ids, or None: every token
+    tokens: np.ndarray  # int64, distinct
+    amounts: np.ndarray  # float32
+
+    @classmethod
+    def of(cls, p: SamplingParams) -> BiasArrays:
+        n = len(p.logit_bias)
+        return cls(np.asarray(p.allowed_token_ids, dtype=np.int64) if p.allowed_token_ids else None,
+                   np.fromiter((t for t, _ in p.logit_bias), dtype=np.int64, count=n),
+                   np.fromiter((b for _, b in p.logit_bias), dtype=np.float32, count=n))
 
 
 def from_inputs(get: Callable[[str], np.ndarray | None], encode: Callable[[str], list[int]]) -> dict[int, float]:

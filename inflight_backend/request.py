@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .logit_bias import BiasArrays
     from .sampler import PenaltyState
 
 
@@ -153,6 +154,7 @@ class Request:
     num_shared_blocks: int = 0  # computed blocks it took when admitted (prefix cache or prefix_source), the most
     num_context_logits: int = 0  # prompt positions whose logits it has returned (return_context_logits)
     penalties: PenaltyState | None = None  # a penalized request's, made at its first sampled step
+    bias: BiasArrays | None = None  # a biased request's (allowed tokens, logit bias), made the same way
 
     @property
     def num_prompt_tokens(self) -> int:

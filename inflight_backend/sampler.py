@@ -37,9 +37,8 @@ class Sampler:
         rows = [row for row, p in enumerate(params) if not p.greedy and row not in failed]
         if not rows:
             return tokens, failed
-        uniform = {row: float(torch.rand((), generator=self._generator(req_ids[row], params[row]),
-                                         dtype=torch.float64))
-                   for row in rows}  # each request's own stream of draws, one a sampled token
+        uniform = [float(torch.rand((), generator=self._generator(req_ids[row], params[row]), dtype=torch.float64))
+                   for row in rows]  # each request's own stream of draws, one a sampled token
         drawn = (_draw_native(ops, logits, rows, params, uniform) if ops is not None
                  else _draw_torch(logits, rows, params, uniform))
         for row, token in zip(rows, drawn):  # one row's failure ends that request only
@@ -63,13 +62,13 @@ class Sampler:
 
 
 def _draw_native(ops, logits: torch.Tensor, rows: list[int], params: list[SamplingParams],
-                 uniform: dict[int, float]) -> list[int]:
+                 uniform: list[float]) -> list[int]:
     ps = [params[row] for row in rows]
     return cpu_ops.sample_rows(ops, logits, rows, [p.temperature for p in ps], [p.top_k for p in ps],
-                               [p.top_p for p in ps], [uniform[row] for row in rows], [p.min_p for p in ps])
+                               [p.top_p for p in ps], uniform, [p.min_p for p in ps])
 
 
-def _draw_torch(logits: torch.Tensor, rows: list[int], params: list[SamplingParams], uniform: dict[int, float]
+def _draw_torch(logits: torch.Tensor, rows: list[int], params: list[SamplingParams], uniform: list[float]
                 ) -> list[int]:
     """What the native draw computes, through torch."""
     ps = [params[row] for row in rows]
@@ -77,7 +76,7 @@ def _draw_torch(logits: torch.Tensor, rows: list[int], params: list[SamplingPara
     temperature = torch.tensor([p.temperature for p in ps], dtype=torch.float64, device=device)
     probs = filter_probs(scale(logits[torch.tensor(rows, device=device)], temperature), [p.top_k for p in ps],
                          [p.top_p for p in ps], [p.min_p for p in ps])
-    return draw(probs, torch.tensor([uniform[row] for row in rows], dtype=torch.float64, device=device))
+    return draw(probs, torch.tensor(uniform, dtype=torch.float64, device=device))
 
 
 def non_finite_rows(logits: torch.Tensor, tokens: list[int]) -> list[int]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .logit_bias import BiasArrays
 from .models import cpu_ops
 from .request import Request, SamplingParams
 from .sampler import PenaltyState, apply_penalties, mask_logits, numpy_view_ok
@@ -60,45 +61,40 @@ def apply_logit_rules(logits, sampled: list[Request], eos_ids: tuple[int, ...]) 
             rows += [row] * len(banned)
             ids += banned
     if biased:
-        apply_bias(logits, biased, [sampled[row].params for row in biased])
+        apply_bias(logits, biased, [sampled[row] for row in biased])
     if penalized:  # before the masks, as transformers' processors run
         apply_penalties(logits, penalized, states, [sampled[row].params for row in penalized])
     if rows:
         mask_logits(logits, rows, ids)
 
 
-def apply_bias(logits: torch.Tensor, rows: list[int], params: list[SamplingParams]) -> None:
+def apply_bias(logits: torch.Tensor, rows: list[int], requests: list[Request]) -> None:
     """In place: every token outside a row's allowed_token_ids (when it has them) to -inf, then its logit bias
     added (fp32 sums, as torch's). On the CPU through numpy's view of the same memory."""
+    biases = []
+    for request in requests:
+        if request.bias is None:
+            request.bias = BiasArrays.of(request.params)
+        biases.append(request.bias)
     if numpy_view_ok(logits):
         view = logits.numpy()
-        for row, p in zip(rows, params):
-            if p.allowed_token_ids:
-                keep = np.asarray(p.allowed_token_ids, dtype=np.int64)
-                kept = view[row, keep]
+        for row, b in zip(rows, biases):
+            if b.allowed is not None:
+                kept = view[row, b.allowed]
                 view[row] = -np.inf
-                view[row, keep] = kept
-            if p.logit_bias:
-                tokens, amounts = _bias_arrays(p)
-                view[row, tokens] += amounts
+                view[row, b.allowed] = kept
+            view[row, b.tokens] += b.amounts
         return
     with torch.inference_mode():
-        for row, p in zip(rows, params):
-            if p.allowed_token_ids:
-                allowed = torch.tensor(p.allowed_token_ids, dtype=torch.int64, device=logits.device)
+        for row, b in zip(rows, biases):
+            if b.allowed is not None:
+                allowed = torch.from_numpy(b.allowed).to(logits.device)
                 values = logits[row, allowed]
                 logits[row] = float("-inf")
                 logits[row, allowed] = values
-            if p.logit_bias:
-                tokens, amounts = _bias_arrays(p)
-                at = torch.from_numpy(tokens).to(logits.device)
-                logits[row, at] += torch.from_numpy(amounts).to(logits.device, logits.dtype)
-
-
-def _bias_arrays(p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """A request's logit bias as (token ids, fp32 amounts); its tokens are distinct (logit_bias.merged)."""
-    return (np.fromiter((t for t, _ in p.logit_bias), dtype=np.int64, count=len(p.logit_bias)),
-            np.fromiter((b for _, b in p.logit_bias), dtype=np.float32, count=len(p.logit_bias)))
+            if len(b.tokens):
+                at = torch.from_numpy(b.tokens).to(logits.device)
+                logits[row, at] += torch.from_numpy(b.amounts).to(logits.device, logits.dtype)
 
 
 def ends_with(tokens: list[int], seq: tuple[int, ...]) -> bool:

@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 from inflight_backend.config import EngineConfig
 from inflight_backend.engine import InflightEngine
 from inflight_backend.protocol import parse_request
-from inflight_backend.request import PromptLimits, RequestError, SamplingParams
+from inflight_backend.request import PromptLimits, Request, RequestError, SamplingParams
 from inflight_backend.sampler import Sampler
 from inflight_backend.vllm_protocol import sampling_parameters
 from tests.conftest import Oracle
@@ -193,8 +193,10 @@ def test_the_torch_path_biases_as_the_numpy_one():
               SamplingParams(max_tokens=1, allowed_token_ids=(0, 3), logit_bias=((3, 0.5), (4, 9.0)))]
     base = torch.randn(3, 8)
     fast, other = base.clone(), base.clone().double()
-    apply_bias(fast, [0, 2], params)
-    apply_bias(other, [0, 2], params)
+    requests = [Request(str(i), [1, 2], p) for i, p in enumerate(params)]
+    apply_bias(fast, [0, 2], requests)
+    apply_bias(other, [0, 2], requests)  # (the arrays made by the first call, kept on the requests)
+    assert all(r.bias is not None for r in requests)
     want = base.clone()
     want[0, 1] += 2.5
     want[0, 6] -= 1.0
