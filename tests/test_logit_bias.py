@@ -120,19 +120,15 @@ def test_min_p_keeps_the_tokens_at_least_min_p_times_as_likely_as_the_best():
     row = torch.tensor([0.0, -1.0, -1.5, -3.0, -3.5])  # e^-1.5 = 0.22, e^-3 = 0.050, e^-3.5 = 0.030
     logits = torch.full((1, 64), -30.0)
     logits[0, :5] = row
-    drawn = {0.2: set(), 0.04: set(), 0.0: set()}
     sampler = Sampler()
-    for seed in range(400):
-        for min_p, seen in drawn.items():
-            p = SamplingParams(max_tokens=1, temperature=1.0, seed=seed, min_p=min_p)
-            token, failed = sampler.sample(logits.clone(), [f"{min_p}-{seed}"], [p])
-            assert not failed
-            seen.add(token[0])
-    assert drawn[0.2] == {0, 1, 2} and drawn[0.04] == {0, 1, 2, 3} and 4 in drawn[0.0]
-    hot = SamplingParams(max_tokens=1, temperature=2.0, seed=5, min_p=0.2)  # at T=2 e^(-3/2) = 0.22 stays
-    assert {Sampler().sample(logits.clone(), [str(s)], [SamplingParams(max_tokens=1, temperature=2.0, seed=s,
-                                                                         min_p=0.2)])[0][0]
-            for s in range(300)} == {0, 1, 2, 3}
+    # (min_p, temperature): the tokens 400 seeds draw; at T = 2, e^(-3/2) = 0.22 stays above 0.2
+    for (min_p, temperature), want in {(0.2, 1.0): {0, 1, 2}, (0.04, 1.0): {0, 1, 2, 3},
+                                       (0.0, 1.0): {0, 1, 2, 3, 4}, (0.2, 2.0): {0, 1, 2, 3}}.items():
+        p = [SamplingParams(max_tokens=1, temperature=temperature, seed=seed, min_p=min_p) for seed in range(400)]
+        seen = {sampler.sample(logits.clone(), [f"{min_p}-{temperature}-{seed}"], [p[seed]])[0][0]
+                for seed in range(400)}
+        assert seen == want, (min_p, temperature, seen)
+    hot = SamplingParams(max_tokens=1, temperature=2.0, seed=5, min_p=0.2)
     batch = torch.cat([logits, logits, logits])
     params = [SamplingParams(max_tokens=1, temperature=1.0, seed=11), hot,
               SamplingParams(max_tokens=1, temperature=1.0, seed=12, min_p=0.9)]
