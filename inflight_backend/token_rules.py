@@ -113,8 +113,7 @@ def banned_tokens(request: Request, seqs: tuple[tuple[int, ...], ...]) -> list[i
 
 def banned_in_output(outputs: list[int], seqs: tuple[tuple[int, ...], ...]) -> list[int]:
     """vLLM's rule: the last token of every bad word whose other tokens end the output (the prompt not counted)."""
-    return [seq[-1] for seq in seqs
-            if len(seq) == 1 or (len(seq) <= len(outputs) + 1 and tuple(outputs[1 - len(seq):]) == seq[:-1])]
+    return [seq[-1] for seq in seqs if len(seq) == 1 or ends_with(outputs, seq[:-1])]
 
 
 def _tail_equals(request: Request, head: tuple[int, ...]) -> bool:
